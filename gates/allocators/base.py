@@ -1,0 +1,72 @@
+"""The streaming allocator contract: who gets the next free rollout slots, and which finished groups train.
+
+The runtime asks `next_admission(free_slots)` whenever slots free up (a finished or cut group, or start)
+and hands every finished group to `on_result`, which returns the *training groups* that are ready for the
+learner (possibly merged from several rollout groups of one prompt, e.g. pilot + commit; possibly none,
+e.g. DAPO drops a zero-variance group). `on_update` is called after each learner update.
+
+Allocators are registered in `gates.allocators.ALLOCATORS` like any plugin; each class declares its
+options as a msgspec Struct named `Options`, decoded strictly from the `[allocator.options]` table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from pipeline.messages import GroupResult
+from stages.envs.base import Task
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    task_id: str
+    size: int
+    """Rollouts to run now for this prompt (slots taken)."""
+    kind: str = "group"
+    """What this admission is for: group, pilot, commit, explore, rescue..."""
+    parent: int | None = None
+    """Group id of an earlier rollout group of the same prompt this one extends (commit, rescue)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatorContext:
+    """Everything an allocator may know at construction."""
+
+    tasks: Sequence[Task]
+    """The train tasks it may admit."""
+    group_size: int
+    """G from the rollout config (the nominal group size)."""
+    batch_groups: int
+    """B: training groups per learner update."""
+    seed: int
+
+
+@runtime_checkable
+class Allocator(Protocol):
+    name: str
+
+    def next_admission(self, free_slots: int) -> Admission | None:
+        """The next group to start in at most `free_slots` slots, or None to leave the slots idle for now."""
+        ...
+
+    def on_admitted(self, group_id: int, admission: Admission) -> None:
+        """The runtime started `admission` as rollout group `group_id`."""
+        ...
+
+    def on_result(self, result: GroupResult) -> list[GroupResult]:
+        """A rollout group finished (cut or complete). Returns the training groups now ready."""
+        ...
+
+    def on_update(self, version: int) -> None:
+        """The learner published weight `version`."""
+        ...
+
+    def statistics(self) -> Mapping[str, float]:
+        """Accounting under `allocator/...`: prompts_skipped, rollouts_spent, groups_emitted, ..."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...

@@ -1,0 +1,150 @@
+"""Every message that crosses a stage boundary, in one module.
+
+All messages are frozen, tagged msgspec Structs; each socket carries one union of them and each socket
+owner holds one encoder and one typed decoder (see `pipeline.transport`). Schema evolution rule: new
+fields go last and carry a default, so an old peer still decodes a new frame.
+
+Unions per stream:
+
+* `StepStream`    rollout stage -> gate stage and observers: group opened, each env step, group closed.
+* `ControlStream` gate stage -> rollout stage: cut decisions.
+* `ResultStream`  rollout stage -> learner stage and observers: finished groups.
+* `LearnerStream` learner -> allocator / observers: weight versions and learner metrics.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+
+class _Message(msgspec.Struct, frozen=True, tag=True, kw_only=True):
+    """Base of every wire message (frozen, tagged by class name)."""
+
+
+class TrajectoryStatus(enum.IntEnum):
+    COMPLETE = 0
+    """The episode ended by itself: success, failure or the step limit."""
+    CUT = 1
+    """A gate cancelled the group while this rollout was still running."""
+    ERROR = 2
+    """The environment or the policy raised; only this trajectory failed."""
+
+
+class GroupOpened(_Message):
+    """A group (one prompt x `size` rollouts) was admitted and its slots are taken."""
+
+    group_id: int
+    task_id: str
+    size: int
+    policy_version: int
+    admitted_at: float
+    """Monotonic seconds (trio clock) at admission."""
+
+
+class StepEvent(_Message):
+    """One environment step of one rollout: the parsed action string is what gates see."""
+
+    group_id: int
+    rollout_index: int
+    step_index: int
+    """0-based: the first action of an episode has step_index 0."""
+    action: str
+    done: bool
+    reward: float
+    """Reward accumulated so far in this episode."""
+    policy_version: int
+
+
+class GroupClosed(_Message):
+    """The group's slots were released; `rewards` are final (truncated at the cut for cut groups)."""
+
+    group_id: int
+    rewards: list[float]
+    cut: bool
+    steps: int
+    """Env steps spent by the whole group."""
+
+
+class CancelGroup(_Message):
+    """A gate's decision to cut a whole group."""
+
+    group_id: int
+    reason: str
+    gate: str
+    value: float
+    """The measured statistic that triggered the cut (e.g. mean prefix edit distance)."""
+    shadow: bool = False
+    """True when the gate only records the decision (shadow mode): nothing is cancelled."""
+
+
+class Turn(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """One policy call inside a trajectory: what the learner trains on."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    action: str
+    policy_version: int
+
+
+class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
+    rollout_index: int
+    turns: list[Turn]
+    reward: float
+    success: bool
+    status: TrajectoryStatus
+    error: str = ""
+
+
+class GroupResult(_Message):
+    """A finished group with every trajectory; cut groups are sent too (for accounting), flagged `cut`."""
+
+    group_id: int
+    task_id: str
+    trajectories: list[Trajectory]
+    cut: bool
+    cut_reason: str = ""
+    gate_value: float | None = None
+    wall_s: float = 0.0
+
+
+class WeightsPublished(_Message):
+    """The learner published new weights; the policy loads them between batches."""
+
+    version: int
+    groups_trained: int
+    published_at: float
+
+
+class Metrics(_Message):
+    """A flat bag of hierarchical metric keys (e.g. `learner/loss`) from one stage."""
+
+    stage: str
+    values: dict[str, float]
+
+
+StepStream = GroupOpened | StepEvent | GroupClosed
+ControlStream = CancelGroup
+ResultStream = GroupResult
+LearnerStream = WeightsPublished | Metrics
+AnyMessage = GroupOpened | StepEvent | GroupClosed | CancelGroup | GroupResult | WeightsPublished | Metrics
+
+__all__ = [
+    "AnyMessage",
+    "CancelGroup",
+    "ControlStream",
+    "GroupClosed",
+    "GroupOpened",
+    "GroupResult",
+    "LearnerStream",
+    "Metrics",
+    "ResultStream",
+    "StepEvent",
+    "StepStream",
+    "Trajectory",
+    "TrajectoryStatus",
+    "Turn",
+    "WeightsPublished",
+]

@@ -1,0 +1,81 @@
+"""The policy contract: batched, cancellation-safe `act()` plus versioned weight loading.
+
+A backend (registered in `stages.policy.POLICIES`) builds a `Policy` for a suite; the runtime starts its
+`serve()` loop in a nursery, trajectories call `act()` concurrently, and the learner gets a trainable copy
+of the same model through `trainable()` and sends weights back with `load_weights()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+import trio
+
+
+@dataclass(frozen=True, slots=True)
+class AgentContext:
+    task: str
+    """The task description."""
+    observation: str
+    """The current observation text."""
+    admissible: tuple[str, ...]
+    history: tuple[tuple[str, str], ...] = ()
+    """Earlier (observation, action) pairs, oldest first; the policy decides how many it shows."""
+
+
+@dataclass(frozen=True, slots=True)
+class ActResult:
+    action: str
+    """The parsed action string (exact admissible match -> fuzzy match -> raw text): what gates see."""
+    text: str
+    """The raw generated text."""
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    """Sampling log-probs of `token_ids` under the policy that generated them."""
+    policy_version: int
+
+
+@runtime_checkable
+class TrainableModel(Protocol):
+    """What the learner trains: a torch module that scores completions."""
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def train(self, mode: bool = True) -> Any: ...
+
+    def completion_logprobs(
+        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token log-probs of each completion given its prompt.
+
+        Returns:
+            (logprobs [N, T], mask [N, T]) with T the longest completion; mask is 1.0 on real tokens.
+        """
+        ...
+
+
+@runtime_checkable
+class Policy(Protocol):
+    version: int
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the batching loop until cancelled; call task_status.started() once requests are served."""
+        ...
+
+    async def act(self, context: AgentContext, *, greedy: bool = False) -> ActResult:
+        """Generate one action. Cancelling the caller drops the request without disturbing the batch."""
+        ...
+
+    def load_weights(self, version: int, state: Mapping[str, Any]) -> None:
+        """Queue new weights; they take effect between batches and later results carry `version`."""
+        ...
+
+    def trainable(self) -> TrainableModel:
+        """A fresh trainable copy of the current model (for the learner, used off the Trio thread)."""
+        ...
