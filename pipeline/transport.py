@@ -1,0 +1,273 @@
+"""ZeroMQ sockets under Trio: the only module in rollcut that imports zmq.
+
+The ZMQ_FD a socket exposes is *edge-triggered* and signals the socket's internal mailbox, not data. So
+every operation here is non-blocking (`NOBLOCK`), checks `zmq.EVENTS` before waiting, and after waking
+re-checks (wake-ups may be spurious). Only one task may wait on a socket's FD at a time; other waiters
+park and re-check whenever it wakes, and because our own send can consume the edge a receiver waits for
+(and vice versa), every successful send/recv kicks the waiters to re-check EVENTS. Each socket has one
+owner (zmq sockets are not thread-safe): keep it in the Trio thread.
+
+Lifetimes: `open_context()` terminates the context (`ctx.term()`) on exit, after every socket is closed
+with its linger, so queued messages are flushed instead of silently lost at exit.
+
+Frames are msgspec msgpack; each `Socket` owns one encoder and one typed decoder for its union. A frame
+that fails to decode is counted in `statistics().dropped_frames`, logged, and dropped: the stage goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+
+import msgspec
+import structlog
+import trio
+import zmq
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+SocketKind = Literal["push", "pull", "pub", "sub", "pair", "dealer", "router"]
+_KINDS = {
+    "push": zmq.PUSH,
+    "pull": zmq.PULL,
+    "pub": zmq.PUB,
+    "sub": zmq.SUB,
+    "pair": zmq.PAIR,
+    "dealer": zmq.DEALER,
+    "router": zmq.ROUTER,
+}
+DEFAULT_LINGER_MS = 5_000
+"""How long close() keeps unsent messages before ctx.term() may drop them."""
+
+
+@dataclass(frozen=True, slots=True)
+class SocketStatistics:
+    sent: int
+    received: int
+    dropped_frames: int
+    """Frames that failed to decode (counted, logged, dropped)."""
+
+
+class Context:
+    """A zmq context whose lifetime is a Trio `async with` block (see `open_context`)."""
+
+    def __init__(self, ctx: zmq.Context[Any]) -> None:
+        self._ctx = ctx
+        self._sockets: list[Socket[Any]] = []
+
+    def close_all(self) -> None:
+        """Close every socket still open (each with its linger); term() needs them all closed."""
+        for sock in self._sockets:
+            sock.close()
+
+    def socket(
+        self,
+        kind: SocketKind,
+        address: str,
+        *,
+        bind: bool,
+        receives: Any = None,
+        hwm: int = 10_000,
+        subscribe: bytes = b"",
+        linger_ms: int = DEFAULT_LINGER_MS,
+    ) -> Socket[Any]:
+        """Create and bind/connect a socket.
+
+        Args:
+            kind: zmq socket type by name.
+            address: inproc://name, ipc:///path or tcp://host:port (port 0 with bind picks a free port;
+                read it back from `Socket.address`).
+            bind: bind (True) or connect (False).
+            receives: the type (usually a union of message Structs) frames decode to; None for send-only.
+            hwm: send and receive high-water marks (bounded queues).
+            subscribe: SUB prefix filter (b"" = everything).
+        """
+        if kind not in _KINDS:
+            raise ValueError(f"unknown socket kind {kind!r} (known: {', '.join(_KINDS)})")
+        raw = self._ctx.socket(_KINDS[kind])
+        raw.setsockopt(zmq.SNDHWM, hwm)
+        raw.setsockopt(zmq.RCVHWM, hwm)
+        raw.setsockopt(zmq.LINGER, linger_ms)
+        if kind == "sub":
+            raw.setsockopt(zmq.SUBSCRIBE, subscribe)
+        try:
+            if bind:
+                if address.startswith("tcp://") and address.endswith(":0"):
+                    port = raw.bind_to_random_port(address[: -len(":0")])
+                    address = f"{address[: -len(':0')]}:{port}"
+                else:
+                    raw.bind(address)
+            else:
+                raw.connect(address)
+        except zmq.ZMQError as exc:
+            raw.close(linger=0)
+            raise OSError(f"cannot {'bind' if bind else 'connect'} {kind} socket to {address}: {exc}") from exc
+        sock: Socket[Any] = Socket(raw, address, receives)
+        self._sockets.append(sock)
+        return sock
+
+
+@contextlib.asynccontextmanager
+async def open_context() -> AsyncIterator[Context]:
+    """A fresh zmq context, terminated on exit (after sockets close, so their linger is honoured).
+
+    `ctx.term()` blocks until every socket is closed and flushed; it runs in a worker thread so the Trio
+    loop stays responsive while messages drain.
+    """
+    ctx: zmq.Context[Any] = zmq.Context()
+    wrapper = Context(ctx)
+    try:
+        yield wrapper
+    finally:
+        wrapper.close_all()
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(ctx.term)
+
+
+class Socket(Generic[T]):
+    """One zmq socket driven from Trio. One owner task for sending, one for receiving (may be the same)."""
+
+    def __init__(self, raw: zmq.Socket[Any], address: str, receives: Any) -> None:
+        self._raw = raw
+        self.address = address
+        self._fd = raw.getsockopt(zmq.FD)
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(receives) if receives is not None else None
+        self._fd_waiter: trio.CancelScope | None = None  # the one task waiting on the FD, if any
+        self._parked = trio.lowlevel.ParkingLot()  # everyone else waiting for readiness
+        self._closed = False
+        self._sent = 0
+        self._received = 0
+        self._dropped = 0
+
+    # -- readiness ----------------------------------------------------------------------------------
+
+    async def _wait(self, flag: int) -> None:
+        """Return once EVENTS shows `flag`; checks before waiting (the FD is edge-triggered).
+
+        One task waits on the FD; others park and re-check whenever it wakes, since any edge may be
+        the one they need (the FD only ever turns readable, for POLLIN and POLLOUT alike).
+        """
+        while not self._raw.getsockopt(zmq.EVENTS) & flag:
+            if self._fd_waiter is not None:
+                await self._parked.park()
+                continue
+            with trio.CancelScope() as scope:
+                self._fd_waiter = scope
+                try:
+                    await trio.lowlevel.wait_readable(self._fd)
+                finally:
+                    self._fd_waiter = None
+                    self._parked.unpark_all()
+
+    def _kick(self) -> None:
+        """Our own send/recv may have consumed the edge another task waits for: make it re-check."""
+        if self._fd_waiter is not None:
+            self._fd_waiter.cancel()
+        self._parked.unpark_all()
+
+    # -- sending ------------------------------------------------------------------------------------
+
+    async def send(self, message: Any) -> None:
+        """Encode and send one message, waiting while the high-water mark is reached."""
+        await self.send_bytes(self._encoder.encode(message))
+
+    async def send_bytes(self, frame: bytes) -> None:
+        while True:
+            try:
+                self._raw.send(frame, zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                await self._wait(zmq.POLLOUT)
+                continue
+            self._sent += 1
+            self._kick()
+            await trio.lowlevel.checkpoint()
+            return
+
+    # -- receiving ----------------------------------------------------------------------------------
+
+    def _decode(self, frame: bytes) -> Any:
+        assert self._decoder is not None, "this socket was opened without a message type"
+        try:
+            return self._decoder.decode(frame)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self._dropped += 1
+            log.warning("transport.bad_frame", address=self.address, size=len(frame), error=str(exc))
+            return _DROPPED
+
+    def _recv_nowait(self) -> bytes | None:
+        try:
+            frame = self._raw.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+        self._received += 1
+        self._kick()
+        return frame
+
+    async def receive(self) -> T:
+        """The next message that decodes (bad frames are counted and skipped)."""
+        while True:
+            frame = self._recv_nowait()
+            if frame is None:
+                await self._wait(zmq.POLLIN)
+                continue
+            message = self._decode(frame)
+            if message is not _DROPPED:
+                await trio.lowlevel.checkpoint()
+                return message
+
+    async def receive_many(self, max_messages: int = 1024) -> list[T]:
+        """Wait for at least one frame, then drain up to `max_messages` without yielding in between."""
+        out: list[T] = []
+        while not out:
+            frame = self._recv_nowait()
+            if frame is None:
+                await self._wait(zmq.POLLIN)
+                continue
+            for frame in self._drain(frame, max_messages):
+                message = self._decode(frame)
+                if message is not _DROPPED:
+                    out.append(message)
+        await trio.lowlevel.checkpoint()
+        return out
+
+    def _drain(self, first: bytes, max_messages: int) -> Iterator[bytes]:
+        yield first
+        for _ in range(max_messages - 1):
+            frame = self._recv_nowait()
+            if frame is None:
+                return
+            yield frame
+
+    def __aiter__(self) -> AsyncIterator[T]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[T]:
+        while True:
+            for message in await self.receive_many():
+                yield message
+
+    # -- lifetime -----------------------------------------------------------------------------------
+
+    def statistics(self) -> SocketStatistics:
+        return SocketStatistics(sent=self._sent, received=self._received, dropped_frames=self._dropped)
+
+    def close(self) -> None:
+        """Close with the socket's linger; the context's term() then flushes what is still queued."""
+        if self._closed:
+            return
+        self._closed = True
+        trio.lowlevel.notify_closing(self._fd)
+        self._raw.close()
+
+    async def __aenter__(self) -> Socket[T]:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+
+_DROPPED: Any = object()

@@ -1,0 +1,75 @@
+"""Every wire message survives encode -> decode unchanged, through its stream's union."""
+
+import msgspec
+import pytest
+
+from pipeline.messages import (
+    AnyMessage,
+    CancelGroup,
+    GroupClosed,
+    GroupOpened,
+    GroupResult,
+    Metrics,
+    StepEvent,
+    Trajectory,
+    TrajectoryStatus,
+    Turn,
+    WeightsPublished,
+)
+
+EXAMPLES = [
+    GroupOpened(group_id=1, task_id="household/train/000001", size=8, policy_version=3, admitted_at=1.5),
+    StepEvent(group_id=1, rollout_index=2, step_index=0, action="go to fridge 1", done=False, reward=0.0, policy_version=3),
+    GroupClosed(group_id=1, rewards=[0.0, 1.0], cut=False, steps=17),
+    CancelGroup(group_id=1, reason="converged", gate="prefix_edit_distance", value=0.1, shadow=True),
+    GroupResult(
+        group_id=1,
+        task_id="t",
+        trajectories=[
+            Trajectory(
+                rollout_index=0,
+                turns=[Turn(prompt_ids=[1, 2], token_ids=[3], logprobs=[-0.5], action="look", policy_version=3)],
+                reward=1.0,
+                success=True,
+                status=TrajectoryStatus.COMPLETE,
+            ),
+            Trajectory(rollout_index=1, turns=[], reward=0.0, success=False, status=TrajectoryStatus.ERROR, error="boom"),
+        ],
+        cut=True,
+        cut_reason="d<tau",
+        gate_value=0.05,
+        wall_s=2.0,
+    ),
+    WeightsPublished(version=4, groups_trained=32, published_at=10.0),
+    Metrics(stage="learner", values={"learner/loss": 0.25}),
+]
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_round_trip_through_the_union(message):
+    frame = msgspec.msgpack.encode(message)
+    assert msgspec.msgpack.decode(frame, type=AnyMessage) == message
+
+
+def test_every_message_type_has_an_example():
+    assert {type(m) for m in EXAMPLES} == set(AnyMessage.__args__)
+
+
+def test_messages_are_frozen():
+    with pytest.raises(AttributeError):
+        EXAMPLES[0].group_id = 2  # type: ignore[misc]
+
+
+def test_a_new_optional_field_still_decodes_old_frames():
+    class StepEventV2(msgspec.Struct, frozen=True, tag="StepEvent", kw_only=True):
+        group_id: int
+        rollout_index: int
+        step_index: int
+        action: str
+        done: bool
+        reward: float
+        policy_version: int
+        latency_s: float = 0.0
+
+    old = msgspec.msgpack.encode(EXAMPLES[1])
+    assert msgspec.msgpack.decode(old, type=StepEventV2).latency_s == 0.0
