@@ -1,0 +1,27 @@
+"""The in-flight gate contract: it watches a group's step stream and may decide to cut it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from pipeline.messages import StepEvent
+
+if TYPE_CHECKING:
+    from .prefix import GateDecision
+
+
+@runtime_checkable
+class Gate(Protocol):
+    name: str
+
+    def open(self, group_id: int, size: int) -> None:
+        """A group of `size` rollouts started."""
+        ...
+
+    def observe(self, event: StepEvent) -> GateDecision | None:
+        """One step of one rollout; returns a decision when the gate evaluated (cut or not)."""
+        ...
+
+    def close(self, group_id: int) -> list[GateDecision]:
+        """The group ended; forget it and return the decisions taken for it."""
+        ...

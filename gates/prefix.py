@@ -1,0 +1,193 @@
+"""The prefix edit-distance gate of Selective Rollout (Zhai & Wang, arXiv 2605.05802).
+
+Definition (shared/reference/selective_rollout.md §2.2, §2.3, §7), replicated exactly:
+
+* an action is the *parsed* environment command string of one step (not tokens, not characters);
+* each rollout's first K actions form its prefix, padded with `<END>` to length K when it ended sooner;
+* d_K = mean over all C(G, 2) unordered pairs of Levenshtein(prefix_i, prefix_j) / K, with substitution,
+  insertion and deletion all costing 1 over *sequences of action strings*;
+* cut iff d_K < tau (strict), evaluated once every member has K steps or has ended; never evaluated if
+  every member ended before step K (the reference's loop exits first).
+
+Deviations, on purpose: a list of checkpoints K may be given (each evaluated once, in order, until one
+cuts); the decision is also made when the gate lags and some member has already ended after K, since the
+rollout stage ignores a cut for a group that is no longer running.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+from math import comb
+
+from rapidfuzz.distance import Levenshtein
+
+from pipeline.messages import StepEvent
+
+END = "<END>"
+
+
+def _prefix_codes(actions_per_rollout: Sequence[Sequence[str]], k: int) -> list[str]:
+    """Each rollout's padded K-prefix as a string of one code point per action (same distances, ~2x faster)."""
+    codes: dict[str, str] = {END: chr(0x100)}
+    out = []
+    for actions in actions_per_rollout:
+        prefix = [codes.setdefault(a, chr(0x100 + len(codes))) for a in actions[:k]]
+        out.append("".join(prefix) + codes[END] * (k - len(prefix)))
+    return out
+
+
+def mean_prefix_edit_distance(actions_per_rollout: Sequence[Sequence[str]], k: int) -> float:
+    """d_K: mean pairwise Levenshtein distance of the `<END>`-padded K-prefixes, divided by K.
+
+    Args:
+        actions_per_rollout: G lists of action strings (any lengths; only the first k are used).
+        k: prefix length K >= 1.
+
+    Returns:
+        A float in [0, 1]; 0.0 for G < 2 (no pairs).
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    g = len(actions_per_rollout)
+    if g < 2:
+        return 0.0
+    # Identical prefixes are at distance 0: compute each distinct pair once and weight it by multiplicity.
+    counts = Counter(_prefix_codes(actions_per_rollout, k))  # [unique prefixes] -> multiplicity
+    total = 0
+    for (a, na), (b, nb) in combinations(counts.items(), 2):
+        total += na * nb * Levenshtein.distance(a, b)
+    return total / (comb(g, 2) * k)
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    cut: bool
+    value: float
+    checkpoint: int
+    reason: str
+
+
+def decide(actions_per_rollout: Sequence[Sequence[str]], k: int, tau: float) -> GateDecision:
+    """The pure cut rule at checkpoint k: cut iff d_K < tau."""
+    d = mean_prefix_edit_distance(actions_per_rollout, k)
+    cut = d < tau
+    relation = "<" if cut else ">="
+    return GateDecision(cut=cut, value=d, checkpoint=k, reason=f"prefix edit distance d_{k}={d:.3f} {relation} tau={tau}")
+
+
+@dataclass(slots=True)
+class _GroupState:
+    actions: list[list[str]]
+    ended: list[bool]
+    pending: list[int]
+    """Checkpoints not evaluated yet, ascending."""
+    decisions: list[GateDecision] = field(default_factory=list)
+
+
+class PrefixEditDistanceGate:
+    """Watches each group's step stream and decides, at each checkpoint K, whether to cut the group.
+
+    Feed it `open(group_id, size)`, every `StepEvent` through `observe`, and `close(group_id)`; it returns
+    a `GateDecision` from `observe` whenever a checkpoint is evaluated.
+    """
+
+    name = "prefix_edit_distance"
+
+    def __init__(self, *, k: int = 10, tau: float = 0.12, checkpoints: Sequence[int] = (), **options: object) -> None:
+        if options:
+            raise ValueError(f"prefix_edit_distance gate: unknown options {sorted(options)}")
+        self.tau = tau
+        self.checkpoints = sorted({k, *checkpoints})
+        if self.checkpoints[0] < 1:
+            raise ValueError("gate checkpoints must be >= 1")
+        self._groups: dict[int, _GroupState] = {}
+
+    def open(self, group_id: int, size: int) -> None:
+        self._groups[group_id] = _GroupState(
+            actions=[[] for _ in range(size)], ended=[False] * size, pending=list(self.checkpoints)
+        )
+
+    def close(self, group_id: int) -> list[GateDecision]:
+        state = self._groups.pop(group_id, None)
+        return state.decisions if state else []
+
+    @property
+    def open_groups(self) -> int:
+        return len(self._groups)
+
+    def observe(self, event: StepEvent) -> GateDecision | None:
+        state = self._groups.get(event.group_id)
+        if state is None:
+            return None  # unknown or already closed group: nothing to decide
+        state.actions[event.rollout_index].append(event.action)
+        if event.done:
+            state.ended[event.rollout_index] = True
+        return self._evaluate_ready(state)
+
+    def _evaluate_ready(self, state: _GroupState) -> GateDecision | None:
+        """Evaluate every checkpoint that became ready; return the latest decision (None if none)."""
+        latest = None
+        while state.pending:
+            k = state.pending[0]
+            lengths = [len(a) for a in state.actions]
+            if not all(n >= k or done for n, done in zip(lengths, state.ended, strict=True)):
+                break
+            state.pending.pop(0)
+            if all(state.ended) and max(lengths) < k:
+                state.pending.clear()  # every member ended before K: never evaluated
+                break
+            latest = decide(state.actions, k, self.tau)
+            state.decisions.append(latest)
+            if latest.cut:
+                state.pending.clear()
+        return latest
+
+
+@dataclass
+class ShadowLedger:
+    """Online precision/recall of cut decisions against each group's real outcome.
+
+    A positive is a zero-variance group (every rollout got the same reward). Only groups that ran to
+    completion have a real outcome, so in shadow mode (nothing is cut) every group counts.
+    """
+
+    true_positive: int = 0
+    false_positive: int = 0
+    false_negative: int = 0
+    true_negative: int = 0
+
+    def record(self, would_cut: bool, rewards: Sequence[float]) -> None:
+        zero_variance = max(rewards) == min(rewards) if rewards else False
+        if would_cut and zero_variance:
+            self.true_positive += 1
+        elif would_cut:
+            self.false_positive += 1
+        elif zero_variance:
+            self.false_negative += 1
+        else:
+            self.true_negative += 1
+
+    @property
+    def groups(self) -> int:
+        return self.true_positive + self.false_positive + self.false_negative + self.true_negative
+
+    def precision(self) -> float | None:
+        flagged = self.true_positive + self.false_positive
+        return self.true_positive / flagged if flagged else None
+
+    def recall(self) -> float | None:
+        positives = self.true_positive + self.false_negative
+        return self.true_positive / positives if positives else None
+
+    def as_dict(self) -> Mapping[str, float | None]:
+        return {
+            "gate/shadow_groups": self.groups,
+            "gate/shadow_tp": self.true_positive,
+            "gate/shadow_fp": self.false_positive,
+            "gate/shadow_fn": self.false_negative,
+            "gate/precision": self.precision(),
+            "gate/recall": self.recall(),
+        }
