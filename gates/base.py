@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from pipeline.messages import StepEvent
+from pipeline.messages import RolloutFailed, StepEvent
 
 if TYPE_CHECKING:
     from .prefix import GateDecision
@@ -18,8 +18,8 @@ class Gate(Protocol):
         """A group of `size` rollouts started."""
         ...
 
-    def observe(self, event: StepEvent) -> GateDecision | None:
-        """One step of one rollout; returns a decision when the gate evaluated (cut or not)."""
+    def observe(self, event: StepEvent | RolloutFailed) -> GateDecision | None:
+        """One step of one rollout (or its failure); returns a decision when the gate evaluated."""
         ...
 
     def close(self, group_id: int) -> list[GateDecision]:

@@ -24,7 +24,7 @@ from math import comb
 
 from rapidfuzz.distance import Levenshtein
 
-from pipeline.messages import StepEvent
+from pipeline.messages import RolloutFailed, StepEvent
 
 END = "<END>"
 
@@ -118,13 +118,15 @@ class PrefixEditDistanceGate:
     def open_groups(self) -> int:
         return len(self._groups)
 
-    def observe(self, event: StepEvent) -> GateDecision | None:
+    def observe(self, event: StepEvent | RolloutFailed) -> GateDecision | None:
         state = self._groups.get(event.group_id)
         if state is None:
             return None  # unknown or already closed group: nothing to decide
-        state.actions[event.rollout_index].append(event.action)
-        if event.done:
-            state.ended[event.rollout_index] = True
+        if isinstance(event, RolloutFailed):
+            state.ended[event.rollout_index] = True  # a failed member no longer holds the decision back
+        else:
+            state.actions[event.rollout_index].append(event.action)
+            state.ended[event.rollout_index] |= event.done
         return self._evaluate_ready(state)
 
     def _evaluate_ready(self, state: _GroupState) -> GateDecision | None:

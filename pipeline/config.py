@@ -107,14 +107,17 @@ class LearnerSection(_Section):
     max_staleness: int = 1
     """Max policy-version lag between generation and training (0 = on-policy)."""
     grad_clip: float = 1.0
-    micro_batch: int = 128
+    micro_batch: int = 64
+    """Items per forward/backward pass (gradients accumulate over micro-batches)."""
+    max_items: int = 192
+    """Turns sampled per update from the batch's trajectories (0 = all), as the reference's step items."""
     torch_threads: int = 1
 
 
 class EvalSection(_Section):
     tasks: int = 100
     """Held-out tasks per split for the before/after success measure (0 = skip)."""
-    splits: list[str] = ["heldout_seen", "heldout_unseen"]
+    splits: list[str] = msgspec.field(default_factory=lambda: ["heldout_seen", "heldout_unseen"])
     greedy: bool = True
 
 
@@ -181,11 +184,16 @@ def merge_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
     return data
 
 
-def _struct_problems(data: Any, cls: type[msgspec.Struct], where: str) -> list[str]:
-    """Every unknown key and mistyped value in `data` against `cls`, recursing into sub-sections."""
+def _struct_problems(data: Any, cls: type[msgspec.Struct], where: str) -> tuple[list[str], dict[str, Any]]:
+    """Every unknown key and mistyped value in `data` against `cls`, recursing into sub-sections.
+
+    Returns the problems and the data with every offending key removed, so the remaining values can
+    still be range-checked and all problems reported together.
+    """
     if not isinstance(data, Mapping):
-        return [f"{where or 'config'}: expected a table, got {type(data).__name__}"]
+        return [f"{where or 'config'}: expected a table, got {type(data).__name__}"], {}
     problems: list[str] = []
+    clean: dict[str, Any] = {}
     fields = {f.name: f for f in msgspec.structs.fields(cls)}
     for key, value in data.items():
         path = f"{where}.{key}" if where else key
@@ -194,13 +202,16 @@ def _struct_problems(data: Any, cls: type[msgspec.Struct], where: str) -> list[s
             continue
         ftype = fields[key].type
         if isinstance(ftype, type) and issubclass(ftype, msgspec.Struct):
-            problems += _struct_problems(value, ftype, path)
+            sub_problems, clean[key] = _struct_problems(value, ftype, path)
+            problems += sub_problems
             continue
         try:
             msgspec.convert(value, ftype, strict=False)
         except msgspec.ValidationError as exc:
             problems.append(f"{path}: {exc}")
-    return problems
+            continue
+        clean[key] = value
+    return problems, clean
 
 
 def _range_problems(cfg: RunConfig) -> list[str]:
@@ -228,6 +239,8 @@ def _range_problems(cfg: RunConfig) -> list[str]:
         (0 <= cfg.learner.clip_eps < 1, "learner.clip_eps must be in [0, 1)"),
         (cfg.learner.max_staleness >= 0, "learner.max_staleness must be >= 0"),
         (cfg.learner.micro_batch >= 1, "learner.micro_batch must be >= 1"),
+        (cfg.learner.max_items >= 0, "learner.max_items must be >= 0"),
+        (cfg.learner.torch_threads >= 1, "learner.torch_threads must be >= 1"),
         (cfg.eval.tasks >= 0, "eval.tasks must be >= 0"),
         (cfg.transport.hwm >= 1, "transport.hwm must be >= 1"),
         (cfg.profile.gpu_sample_hz > 0, "profile.gpu_sample_hz must be > 0"),
@@ -258,11 +271,9 @@ def load_config(
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
     data = merge_overrides(data, overrides)
-    problems = _struct_problems(data, RunConfig, "")
-    if problems:
-        raise ConfigError(problems)
-    cfg = msgspec.convert(data, RunConfig, strict=False)
-    problems = _range_problems(cfg)
+    problems, clean = _struct_problems(data, RunConfig, "")
+    cfg = msgspec.convert(clean, RunConfig, strict=False)
+    problems += _range_problems(cfg)
     for check in extra_checks:
         problems += check(cfg)
     if problems:

@@ -57,6 +57,14 @@ class StepEvent(_Message):
     policy_version: int
 
 
+class RolloutFailed(_Message):
+    """A rollout ended with an error (environment or policy raised); its group goes on without it."""
+
+    group_id: int
+    rollout_index: int
+    error: str
+
+
 class GroupClosed(_Message):
     """The group's slots were released; `rewards` are final (truncated at the cut for cut groups)."""
 
@@ -125,11 +133,11 @@ class Metrics(_Message):
     values: dict[str, float]
 
 
-StepStream = GroupOpened | StepEvent | GroupClosed
+StepStream = GroupOpened | StepEvent | RolloutFailed | GroupClosed
 ControlStream = CancelGroup
 ResultStream = GroupResult
 LearnerStream = WeightsPublished | Metrics
-AnyMessage = GroupOpened | StepEvent | GroupClosed | CancelGroup | GroupResult | WeightsPublished | Metrics
+AnyMessage = GroupOpened | StepEvent | RolloutFailed | GroupClosed | CancelGroup | GroupResult | WeightsPublished | Metrics
 
 __all__ = [
     "AnyMessage",
@@ -141,6 +149,7 @@ __all__ = [
     "LearnerStream",
     "Metrics",
     "ResultStream",
+    "RolloutFailed",
     "StepEvent",
     "StepStream",
     "Trajectory",

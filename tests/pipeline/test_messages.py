@@ -10,6 +10,7 @@ from pipeline.messages import (
     GroupOpened,
     GroupResult,
     Metrics,
+    RolloutFailed,
     StepEvent,
     Trajectory,
     TrajectoryStatus,
@@ -20,6 +21,7 @@ from pipeline.messages import (
 EXAMPLES = [
     GroupOpened(group_id=1, task_id="household/train/000001", size=8, policy_version=3, admitted_at=1.5),
     StepEvent(group_id=1, rollout_index=2, step_index=0, action="go to fridge 1", done=False, reward=0.0, policy_version=3),
+    RolloutFailed(group_id=1, rollout_index=3, error="ValueError('bad room')"),
     GroupClosed(group_id=1, rewards=[0.0, 1.0], cut=False, steps=17),
     CancelGroup(group_id=1, reason="converged", gate="prefix_edit_distance", value=0.1, shadow=True),
     GroupResult(

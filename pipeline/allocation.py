@@ -1,0 +1,180 @@
+"""The allocator queue's mechanism: slot accounting, staleness pacing and the admission loop.
+
+*Which* prompt gets the next slots is the allocator policy's call (`gates.allocators`); this module owns
+*when*: a group starts as soon as the policy names one, enough slots are free, and the learner's staleness
+bound allows it. Cut and finished groups free their slots at once, which wakes the loop: that is backfill.
+
+Staleness pacing (after AReaL): rollout groups that are running or waiting for the learner ("outstanding")
+are capped at (1 + max_staleness) * B. With max_staleness = 0 every group is trained by the very next
+update, on the weights that generated it; each extra unit lets groups run one policy version ahead.
+Finished work is never dropped for being stale; admission waits instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import trio
+
+
+class Clock(Protocol):
+    def __call__(self) -> float: ...
+
+
+class SlotPool:
+    """G-slot groups take and free slots; busy slot-seconds are integrated for the occupancy figure."""
+
+    def __init__(self, total: int, clock: Clock = trio.current_time) -> None:
+        if total < 1:
+            raise ValueError("a slot pool needs at least one slot")
+        self.total = total
+        self.busy = 0
+        self._clock = clock
+        self._since: float | None = None
+        self._busy_seconds = 0.0
+        self._elapsed = 0.0
+
+    @property
+    def free(self) -> int:
+        return self.total - self.busy
+
+    def _advance(self) -> None:
+        now = self._clock()
+        if self._since is not None:
+            self._busy_seconds += self.busy * (now - self._since)
+            self._elapsed += now - self._since
+        self._since = now
+
+    def start_clock(self) -> None:
+        self._since = self._clock()
+
+    def take(self, n: int) -> None:
+        if n > self.free:
+            raise RuntimeError(f"asked for {n} slots with only {self.free} free")
+        self._advance()
+        self.busy += n
+
+    def release(self, n: int) -> None:
+        if n > self.busy:
+            raise RuntimeError(f"released {n} slots with only {self.busy} busy")
+        self._advance()
+        self.busy -= n
+
+    def occupancy(self) -> float:
+        """Busy slot-seconds / total slot-seconds since start_clock(); NaN before any time passed."""
+        self._advance()
+        return self._busy_seconds / (self.total * self._elapsed) if self._elapsed > 0 else float("nan")
+
+
+@dataclass
+class StalenessPacer:
+    """Caps outstanding groups (running + waiting for the learner) at (1 + max_staleness) * batch_groups."""
+
+    batch_groups: int
+    max_staleness: int
+    in_flight: int = 0
+    """Rollout groups running now."""
+    backlog: int = 0
+    """Training groups handed to the learner and not yet consumed by an update (trained or dropped)."""
+
+    @property
+    def bound(self) -> int:
+        return (1 + self.max_staleness) * self.batch_groups
+
+    @property
+    def outstanding(self) -> int:
+        return self.in_flight + self.backlog
+
+    def can_admit(self) -> bool:
+        return self.outstanding < self.bound
+
+    def admitted(self) -> None:
+        self.in_flight += 1
+
+    def finished(self, emitted: int) -> None:
+        """A rollout group ended and the allocator released `emitted` training groups to the learner."""
+        self.in_flight -= 1
+        self.backlog += emitted
+
+    def consumed(self, n: int) -> None:
+        """The learner used up `n` training groups (trained on them or dropped them)."""
+        self.backlog = max(0, self.backlog - n)
+
+
+class AllocatorPolicy(Protocol):
+    """The part of `gates.allocators.Allocator` the loop needs."""
+
+    def next_admission(self, free_slots: int) -> Any: ...
+
+    def on_admitted(self, group_id: int, admission: Any) -> None: ...
+
+
+class AdmissionLoop:
+    """Starts groups whenever slots, pacing and the allocator policy all say yes.
+
+    `start_group(group_id, admission)` must start the group (e.g. `nursery.start_soon`) without awaiting
+    it; the caller later calls `group_finished` with the number of slots to free. Anything that may
+    unblock admission calls `wake()`.
+    """
+
+    def __init__(
+        self,
+        policy: AllocatorPolicy,
+        slots: SlotPool,
+        pacer: StalenessPacer,
+        start_group: Callable[[int, Any], None],
+    ) -> None:
+        self.policy = policy
+        self.slots = slots
+        self.pacer = pacer
+        self._start_group = start_group
+        self._changed = trio.Event()
+        self._next_group_id = 0
+        self.groups_admitted = 0
+        self.backfills = 0
+        """Admissions made into slots freed by a cut group (the gate's saving put back to work)."""
+        self._backfill_credit = 0
+
+    def wake(self) -> None:
+        self._changed.set()
+
+    def group_finished(self, size: int, *, cut: bool) -> None:
+        self.slots.release(size)
+        if cut:
+            self._backfill_credit += size
+        self.wake()
+
+    def admit_ready(self) -> int:
+        """Admit as many groups as allowed right now; returns how many started."""
+        started = 0
+        while self.pacer.can_admit() and self.slots.free > 0:
+            admission = self.policy.next_admission(self.slots.free)
+            if admission is None:
+                break
+            if admission.size > self.slots.free or admission.size < 1:
+                raise RuntimeError(
+                    f"allocator asked for {admission.size} slots with {self.slots.free} free"
+                )
+            group_id = self._next_group_id
+            self._next_group_id += 1
+            self.slots.take(admission.size)
+            self.pacer.admitted()
+            if self._backfill_credit > 0:
+                self.backfills += 1
+                self._backfill_credit = max(0, self._backfill_credit - admission.size)
+            self.policy.on_admitted(group_id, admission)
+            self.groups_admitted += 1
+            self._start_group(group_id, admission)
+            started += 1
+        return started
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Admit forever; each state change (slots freed, update published) triggers another pass."""
+        self.slots.start_clock()
+        task_status.started()
+        while True:
+            self.admit_ready()
+            await self._changed.wait()
+            self._changed = trio.Event()

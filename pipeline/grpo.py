@@ -1,0 +1,336 @@
+"""The GRPO phase: every stage wired in one root nursery, run until the last learner update.
+
+Wiring (addresses from `[transport]`; each socket has one owner task):
+
+    admission loop --start--> rollout groups --StepStream (mem channel)--> steps sender --PUSH--> gate stage
+          ^                         ^                                                              |
+          |  slots freed            +---- cancel(group) <-- control receiver <--PULL-- CancelGroup-+
+          |                         |
+          +--- finished group --> allocator.on_result --> results sender --PUSH--> learner stage (thread)
+                                    |                                                   |
+                                    +--> events publisher (PUB: GroupResult, CancelGroup, WeightsPublished)
+                                                                                        |
+                          policy.load_weights(version) <--------------------------------+
+
+This module is the composition root of the phase: it imports the built-in stages; the mechanism modules
+of `pipeline/` do not.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+import trio
+
+from gates.allocators import Allocator
+from learner.stage import LearnerReport, LearnerStage
+from learner.trainer import Trainer
+from stages.envs.base import EnvSuite, Task
+from stages.gate_stage import GateStage
+from stages.policy.base import Policy
+from stages.rollout import RolloutStage
+
+from .allocation import AdmissionLoop, SlotPool, StalenessPacer
+from .config import RunConfig
+from .messages import AnyMessage, CancelGroup, ControlStream, GroupResult, WeightsPublished
+from .profiling import Profiler
+from .progress import Progress
+from .rundir import MetricsWriter
+from .stage import Stage, StageContext
+from .transport import Context, open_context
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class GrpoTally:
+    """Running counts of the phase (the summary and metrics.jsonl are built from it)."""
+
+    groups_finished: int = 0
+    groups_cut: int = 0
+    groups_complete: int = 0
+    zero_variance_complete: int = 0
+    groups_emitted: int = 0
+    cut_emission_refused: int = 0
+    cancels_received: int = 0
+    cancels_late: int = 0
+    shadow_cancels: int = 0
+    rollouts_finished: int = 0
+    successes: int = 0
+    cut_group_ids: list[int] = field(default_factory=list)
+    window_rollouts: int = 0
+    window_successes: int = 0
+    window_steps_at: int = 0
+    window_started: float = 0.0
+    loop_lag_s: list[float] = field(default_factory=list)
+
+
+@dataclass
+class GrpoOutcome:
+    stop_reason: str
+    wall_s: float
+    updates: int
+    tally: GrpoTally
+    admission: AdmissionLoop
+    rollout: RolloutStage
+    learner: LearnerStage
+    gate: GateStage | None
+    allocator: Allocator
+    slot_occupancy: float
+
+    @property
+    def env_steps(self) -> int:
+        return self.rollout.env_steps
+
+    def loop_lag_p99_ms(self) -> float:
+        lags = sorted(self.tally.loop_lag_s)
+        return lags[min(len(lags) - 1, math.ceil(0.99 * len(lags)) - 1)] * 1e3 if lags else float("nan")
+
+
+async def _publish_events(
+    zmq: Context, address: str, hwm: int, inbox: trio.MemoryReceiveChannel[AnyMessage], *, task_status: Any
+) -> None:
+    pub = zmq.socket("pub", address, bind=True, hwm=hwm)
+    async with pub, inbox:
+        task_status.started()
+        async for message in inbox:
+            await pub.send(message)
+
+
+async def _send_all(zmq: Context, address: str | None, hwm: int, inbox: trio.MemoryReceiveChannel[Any], *, task_status: Any) -> None:
+    """Own one PUSH socket and forward everything from a memory channel (None address: discard)."""
+    if address is None:
+        task_status.started()
+        async with inbox:
+            async for _ in inbox:
+                pass
+        return
+    push = zmq.socket("push", address, bind=False, hwm=hwm)
+    async with push, inbox:
+        task_status.started()
+        async for message in inbox:
+            await push.send(message)
+
+
+async def _monitor_loop_lag(tally: GrpoTally, period_s: float = 0.01) -> None:
+    """Overshoot of a 10 ms sleep: how long the Trio loop was kept from running ready tasks."""
+    while True:
+        before = trio.current_time()
+        await trio.sleep(period_s)
+        tally.loop_lag_s.append(max(0.0, trio.current_time() - before - period_s))
+
+
+async def _host_nursery(*, task_status: Any) -> None:
+    async with trio.open_nursery() as nursery:
+        task_status.started(nursery)
+        await trio.sleep_forever()
+
+
+async def run_grpo(
+    cfg: RunConfig,
+    *,
+    suite: EnvSuite,
+    policy: Policy,
+    tasks: Mapping[str, Task],
+    allocator: Allocator,
+    trainer: Trainer,
+    run_dir: Path,
+    profiler: Profiler,
+    metrics: MetricsWriter,
+    observers: Sequence[Stage] = (),
+    progress: Progress | None = None,
+) -> GrpoOutcome:
+    """Train until `run.updates` learner updates (or `run.max_wall_s`); returns the phase's outcome."""
+    tally = GrpoTally()
+    done = trio.Event()
+    stop_reason = "updates"
+    t = cfg.transport
+    slots = SlotPool(cfg.rollout.slots)
+    pacer = StalenessPacer(cfg.learner.batch_groups, cfg.learner.max_staleness)
+    gate_stage = (
+        GateStage(
+            gate=cfg.gate.name, k=cfg.gate.k, tau=cfg.gate.tau, checkpoints=cfg.gate.checkpoints,
+            shadow=cfg.gate.shadow, options=cfg.gate.options,
+        )
+        if cfg.gate.enabled
+        else None
+    )
+    events_send, events_recv = trio.open_memory_channel[AnyMessage](1024)
+    steps_send, steps_recv = trio.open_memory_channel[Any](4096)
+    results_send, results_recv = trio.open_memory_channel[GroupResult](4 * cfg.learner.batch_groups)
+    rollout = RolloutStage(suite, policy, tasks, steps_send, profiler=profiler)
+    started = trio.current_time()
+    tally.window_started = started
+
+    async def on_update(report: LearnerReport) -> None:
+        allocator.on_update(report.version)
+        admission.wake()
+        await events_send.send(
+            WeightsPublished(version=report.version, groups_trained=learner.counters.groups_trained, published_at=trio.current_time())
+        )
+        row = _metrics_row(report, tally, rollout, learner, allocator, gate_stage, slots, started)
+        metrics.write(row)
+        if progress is not None:
+            progress.update_line(row, final=True)
+        if report.version >= cfg.run.updates:
+            done.set()
+
+    def on_consumed(n: int) -> None:
+        pacer.consumed(n)
+        admission.wake()
+
+    learner = LearnerStage(trainer, cfg.learner, publish=policy.load_weights, on_consumed=on_consumed, on_update=on_update)
+
+    async def run_one(group_id: int, admission_: Any) -> None:
+        result = await rollout.run_group(group_id, admission_.task_id, admission_.size)
+        admission.group_finished(admission_.size, cut=result.cut)
+        _tally_group(tally, result)
+        training = allocator.on_result(result)
+        refused = [g for g in training if g.cut]
+        if refused:  # an allocator bug must not leak a cut group into training
+            tally.cut_emission_refused += len(refused)
+            log.error("grpo.allocator_emitted_cut_group", group_ids=[g.group_id for g in refused])
+            training = [g for g in training if not g.cut]
+        pacer.finished(len(training))
+        tally.groups_emitted += len(training)
+        await events_send.send(result)
+        for group in training:
+            await results_send.send(group)
+        admission.wake()
+
+    async def receive_control(zmq: Context, *, task_status: Any) -> None:
+        control = zmq.socket("pull", t.control, bind=True, receives=ControlStream, hwm=t.hwm)
+        async with control:
+            task_status.started()
+            async for decision in control:
+                await _apply_cut(decision, rollout, tally)
+                await events_send.send(decision)
+
+    async with open_context() as zmq:
+        stage_ctx = StageContext(zmq=zmq, addresses=t, run_dir=run_dir, profiler=profiler)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_monitor_loop_lag, tally)
+            await nursery.start(policy.serve)
+            await nursery.start(_publish_events, zmq, t.events, t.hwm, events_recv)
+            for observer in observers:
+                await nursery.start(observer.run, stage_ctx)
+            await nursery.start(learner.run, stage_ctx)
+            await nursery.start(receive_control, zmq)
+            if gate_stage is not None:
+                await nursery.start(gate_stage.run, stage_ctx)
+            await nursery.start(_send_all, zmq, t.steps if gate_stage else None, t.hwm, steps_recv)
+            await nursery.start(_send_all, zmq, t.results, t.hwm, results_recv)
+            groups = await nursery.start(_host_nursery)
+            admission = AdmissionLoop(allocator, slots, pacer, lambda gid, adm: groups.start_soon(run_one, gid, adm))
+            await nursery.start(admission.run)
+            if progress is not None:
+                nursery.start_soon(progress.tick, lambda: _live_status(tally, rollout, learner, slots, pacer, started))
+            with trio.move_on_after(cfg.run.max_wall_s) as deadline:
+                await done.wait()
+            if deadline.cancelled_caught:
+                stop_reason = "max_wall_s"
+                log.warning("grpo.wall_limit", max_wall_s=cfg.run.max_wall_s, updates=learner.version)
+            occupancy = slots.occupancy()
+            nursery.cancel_scope.cancel("GRPO phase finished")
+    return GrpoOutcome(
+        stop_reason=stop_reason,
+        wall_s=trio.current_time() - started,
+        updates=learner.version,
+        tally=tally,
+        admission=admission,
+        rollout=rollout,
+        learner=learner,
+        gate=gate_stage,
+        allocator=allocator,
+        slot_occupancy=occupancy,
+    )
+
+
+async def _apply_cut(decision: CancelGroup, rollout: RolloutStage, tally: GrpoTally) -> None:
+    tally.cancels_received += 1
+    if decision.shadow:
+        tally.shadow_cancels += 1
+        return
+    if not rollout.cancel(decision.group_id, decision.reason, decision.value):
+        tally.cancels_late += 1
+    await trio.lowlevel.checkpoint()
+
+
+def _tally_group(tally: GrpoTally, result: GroupResult) -> None:
+    tally.groups_finished += 1
+    rewards = [tr.reward for tr in result.trajectories]
+    if result.cut:
+        tally.groups_cut += 1
+        tally.cut_group_ids.append(result.group_id)
+        return
+    tally.groups_complete += 1
+    tally.zero_variance_complete += max(rewards) == min(rewards)
+    wins = sum(tr.success for tr in result.trajectories)
+    tally.rollouts_finished += len(rewards)
+    tally.successes += wins
+    tally.window_rollouts += len(rewards)
+    tally.window_successes += wins
+
+
+def _metrics_row(
+    report: LearnerReport,
+    tally: GrpoTally,
+    rollout: RolloutStage,
+    learner: LearnerStage,
+    allocator: Allocator,
+    gate: GateStage | None,
+    slots: SlotPool,
+    started: float,
+) -> dict[str, Any]:
+    now = trio.current_time()
+    window_s = max(now - tally.window_started, 1e-9)
+    steps = rollout.env_steps - tally.window_steps_at
+    row: dict[str, Any] = {
+        "iteration": report.version,
+        "wall_s": now - started,
+        "success_rate": tally.window_successes / tally.window_rollouts if tally.window_rollouts else None,
+        "groups_admitted": tally.groups_finished + rollout.running_groups,
+        "groups_cut": tally.groups_cut,
+        "groups_trained": learner.counters.groups_trained,
+        "groups_dropped_zero_variance": learner.counters.groups_dropped_zero_variance,
+        "zero_variance_fraction": tally.zero_variance_complete / tally.groups_complete if tally.groups_complete else None,
+        "slot_occupancy": slots.occupancy(),
+        "env_steps": rollout.env_steps,
+        "env_steps_per_s": steps / window_s,
+        "train_s": report.train_seconds,
+        "loop_lag_p99_ms": _p99_ms(tally.loop_lag_s),
+    }
+    row |= dict(report.stats)
+    row |= dict(allocator.statistics())
+    if gate is not None:
+        row |= gate.statistics()
+    tally.window_rollouts = tally.window_successes = 0
+    tally.window_steps_at = rollout.env_steps
+    tally.window_started = now
+    return row
+
+
+def _p99_ms(samples: list[float]) -> float:
+    if not samples:
+        return float("nan")
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)] * 1e3
+
+
+def _live_status(tally: GrpoTally, rollout: RolloutStage, learner: LearnerStage, slots: SlotPool, pacer: StalenessPacer, started: float) -> dict[str, Any]:
+    elapsed = max(trio.current_time() - started, 1e-9)
+    return {
+        "iteration": learner.version,
+        "groups_admitted": tally.groups_finished + rollout.running_groups,
+        "groups_cut": tally.groups_cut,
+        "groups_trained": learner.counters.groups_trained,
+        "slot_occupancy": slots.busy / slots.total,
+        "env_steps_per_s": rollout.env_steps / elapsed,
+        "success_rate": tally.successes / tally.rollouts_finished if tally.rollouts_finished else None,
+        "outstanding": pacer.outstanding,
+    }

@@ -1,0 +1,200 @@
+"""The rollout stage: a group is one prompt x G rollouts, one Trio task per rollout, one nursery per group.
+
+Each rollout runs the agent loop (observation -> policy -> action -> env step) and publishes a `StepEvent`
+per step. The group's nursery lives under its own `CancelScope`; `cancel(group_id, ...)` (a gate's
+`CancelGroup`) cancels that scope: in-flight policy requests are abandoned (the policy server drops
+them), each environment episode is closed in a `finally`, and `run_group` returns at once so the caller
+frees the slots. A failing environment or policy call fails that one trajectory, not the group.
+
+Cancellation: only the group's own scope is caught here; a cancel from outside (shutdown) propagates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import structlog
+import trio
+
+from pipeline.messages import (
+    GroupClosed,
+    GroupOpened,
+    GroupResult,
+    RolloutFailed,
+    StepEvent,
+    StepStream,
+    Trajectory,
+    TrajectoryStatus,
+    Turn,
+)
+from pipeline.profiling import Profiler
+from stages.envs.base import Environment, EnvSuite, Task
+from stages.policy.base import AgentContext, Policy
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(slots=True)
+class _Record:
+    """A trajectory under construction; survives cancellation so a cut group still reports its work."""
+
+    rollout_index: int
+    turns: list[Turn] = field(default_factory=list)
+    reward: float = 0.0
+    success: bool = False
+    status: TrajectoryStatus = TrajectoryStatus.CUT
+    error: str = ""
+
+    def freeze(self) -> Trajectory:
+        return Trajectory(
+            rollout_index=self.rollout_index,
+            turns=self.turns,
+            reward=self.reward,
+            success=self.success,
+            status=self.status,
+            error=self.error,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Cut:
+    reason: str
+    value: float
+
+
+class RolloutStage:
+    """Runs groups; the caller (the runtime's admission loop) decides which and when."""
+
+    name = "rollout"
+
+    def __init__(
+        self,
+        suite: EnvSuite,
+        policy: Policy,
+        tasks: Mapping[str, Task],
+        steps_out: trio.MemorySendChannel[StepStream],
+        *,
+        profiler: Profiler,
+        clock: Callable[[], float] = trio.current_time,
+    ) -> None:
+        self.suite = suite
+        self.policy = policy
+        self.tasks = tasks
+        self.steps_out = steps_out
+        self.profiler = profiler
+        self.clock = clock
+        self._scopes: dict[int, trio.CancelScope] = {}
+        self._cuts: dict[int, _Cut] = {}
+        self.env_steps = 0
+        self.trajectories_failed = 0
+
+    @property
+    def running_groups(self) -> int:
+        return len(self._scopes)
+
+    def cancel(self, group_id: int, reason: str, value: float) -> bool:
+        """Cut a running group. Returns False if it already ended (a late decision is a no-op)."""
+        scope = self._scopes.get(group_id)
+        if scope is None:
+            return False
+        self._cuts[group_id] = _Cut(reason, value)
+        scope.cancel()
+        return True
+
+    async def run_group(self, group_id: int, task_id: str, size: int) -> GroupResult:
+        """Roll out `size` trajectories of `task_id`; returns when all ended or the group was cut."""
+        task = self.tasks[task_id]
+        started = self.clock()
+        await self.steps_out.send(
+            GroupOpened(
+                group_id=group_id, task_id=task_id, size=size, policy_version=self.policy.version, admitted_at=started
+            )
+        )
+        records = [_Record(i) for i in range(size)]
+        scope = trio.CancelScope()
+        self._scopes[group_id] = scope
+        try:
+            with scope:
+                async with trio.open_nursery() as nursery:
+                    for record in records:
+                        nursery.start_soon(self._trajectory, group_id, task, record)
+        finally:
+            del self._scopes[group_id]
+        cut = self._cuts.pop(group_id, None)
+        result = GroupResult(
+            group_id=group_id,
+            task_id=task_id,
+            trajectories=[r.freeze() for r in records],
+            cut=cut is not None,
+            cut_reason=cut.reason if cut else "",
+            gate_value=cut.value if cut else None,
+            wall_s=self.clock() - started,
+        )
+        await self.steps_out.send(
+            GroupClosed(
+                group_id=group_id,
+                rewards=[r.reward for r in records],
+                cut=result.cut,
+                steps=sum(len(r.turns) for r in records),
+            )
+        )
+        return result
+
+    async def _trajectory(self, group_id: int, task: Task, record: _Record) -> None:
+        env = self.suite.make()
+        try:
+            await self._agent_loop(group_id, task, record, env)
+        except Exception as exc:  # env or policy failure: this trajectory only (Cancelled is not an Exception)
+            record.status = TrajectoryStatus.ERROR
+            record.error = f"{type(exc).__name__}: {exc}"
+            self.trajectories_failed += 1
+            log.warning("rollout.trajectory_failed", group_id=group_id, rollout=record.rollout_index, error=record.error)
+            await self.steps_out.send(RolloutFailed(group_id=group_id, rollout_index=record.rollout_index, error=record.error))
+        finally:
+            env.close()
+
+    async def _agent_loop(self, group_id: int, task: Task, record: _Record, env: Environment) -> None:
+        with self.profiler.span("rollout", "env_reset"):
+            observation = env.reset(task)
+        history: list[tuple[str, str]] = []
+        for step_index in range(self.suite.max_steps):
+            context = AgentContext(
+                task=task.description,
+                observation=observation.text,
+                admissible=observation.admissible,
+                history=tuple(history),
+            )
+            act = await self.policy.act(context)
+            record.turns.append(
+                Turn(
+                    prompt_ids=act.prompt_ids,
+                    token_ids=act.token_ids,
+                    logprobs=act.logprobs,
+                    action=act.action,
+                    policy_version=act.policy_version,
+                )
+            )
+            with self.profiler.span("rollout", "env_step"):
+                result = env.step(act.action)
+            self.env_steps += 1
+            self.profiler.items("rollout", 1)
+            record.reward += result.reward
+            done = result.done or step_index == self.suite.max_steps - 1
+            await self.steps_out.send(
+                StepEvent(
+                    group_id=group_id,
+                    rollout_index=record.rollout_index,
+                    step_index=step_index,
+                    action=act.action,
+                    done=done,
+                    reward=record.reward,
+                    policy_version=act.policy_version,
+                )
+            )
+            history.append((observation.text, act.action))
+            observation = result.observation
+            if done:
+                record.success = result.won
+                break
+        record.status = TrajectoryStatus.COMPLETE

@@ -1,0 +1,95 @@
+"""Slot accounting, staleness pacing and backfill in the admission loop."""
+
+from dataclasses import dataclass
+
+import pytest
+import trio
+
+from pipeline.allocation import AdmissionLoop, SlotPool, StalenessPacer
+
+
+@dataclass
+class _Admission:
+    task_id: str
+    size: int
+
+
+class _Policy:
+    def __init__(self, size):
+        self.size = size
+        self.admitted = []
+
+    def next_admission(self, free_slots):
+        return _Admission(f"t{len(self.admitted)}", self.size) if free_slots >= self.size else None
+
+    def on_admitted(self, group_id, admission):
+        self.admitted.append(group_id)
+
+
+def test_occupancy_integrates_busy_slot_seconds():
+    now = [0.0]
+    pool = SlotPool(4, clock=lambda: now[0])
+    pool.start_clock()
+    pool.take(4)
+    now[0] = 1.0
+    pool.release(2)
+    now[0] = 2.0
+    assert pool.occupancy() == pytest.approx((4 * 1 + 2 * 1) / (4 * 2))
+
+
+def test_slot_pool_refuses_overdraw():
+    pool = SlotPool(2, clock=lambda: 0.0)
+    with pytest.raises(RuntimeError):
+        pool.take(3)
+
+
+def test_pacer_bound_follows_staleness():
+    pacer = StalenessPacer(batch_groups=4, max_staleness=0)
+    for _ in range(4):
+        assert pacer.can_admit()
+        pacer.admitted()
+    assert not pacer.can_admit()
+    pacer.finished(emitted=1)  # still waiting at the learner: counts
+    assert not pacer.can_admit()
+    pacer.finished(emitted=0)  # dropped/cut: frees budget
+    assert pacer.can_admit()
+    assert StalenessPacer(batch_groups=4, max_staleness=2).bound == 12
+
+
+async def test_cut_group_slots_are_backfilled_immediately(autojump_clock):
+    policy = _Policy(size=2)
+    slots = SlotPool(4)
+    pacer = StalenessPacer(batch_groups=100, max_staleness=0)
+    started = []
+    loop = AdmissionLoop(policy, slots, pacer, lambda gid, adm: started.append((trio.current_time(), gid)))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(loop.run)
+        assert [gid for _, gid in started] == [0, 1] and slots.free == 0
+        await trio.sleep(3.0)
+        pacer.finished(emitted=0)
+        loop.group_finished(2, cut=True)
+        await trio.testing.wait_all_tasks_blocked()
+        assert started[-1] == (3.0, 2)  # admitted at the very instant the cut freed the slots
+        assert loop.backfills == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_admission_waits_for_the_learner_not_for_slots(autojump_clock):
+    policy = _Policy(size=1)
+    slots = SlotPool(8)
+    pacer = StalenessPacer(batch_groups=2, max_staleness=0)
+    loop = AdmissionLoop(policy, slots, pacer, lambda gid, adm: None)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(loop.run)
+        assert policy.admitted == [0, 1] and slots.free == 6  # paced: 2 outstanding max
+        for _ in range(2):
+            slots.release(1)
+            pacer.finished(emitted=1)
+        loop.wake()
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(policy.admitted) == 2  # finished but not yet trained: still outstanding
+        pacer.consumed(2)
+        loop.wake()
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(policy.admitted) == 4
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,65 @@
+"""Config: defaults load, overrides apply, and every problem is reported at once."""
+
+import pytest
+
+from pipeline.config import ConfigError, RunConfig, dump_toml, load_config, parse_override
+
+
+def test_defaults_load():
+    cfg = load_config()
+    assert cfg == RunConfig()
+    assert cfg.gate.k == 10 and cfg.gate.tau == 0.12 and cfg.rollout.group_size == 8
+
+
+def test_overrides_are_typed_from_toml_syntax():
+    cfg = load_config(None, ["gate.enabled=false", "gate.tau=0.2", "run.name=ab", "gate.checkpoints=[10, 15]"])
+    assert cfg.gate.enabled is False and cfg.gate.tau == 0.2 and cfg.run.name == "ab"
+    assert cfg.gate.checkpoints == [10, 15]
+
+
+def test_every_problem_is_listed_at_once(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[gate]\ntau = "low"\nkk = 3\n[rollout]\ngroup_size = 1\n[nonsense]\nx = 1\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path, ["learner.lr=-1"])
+    problems = info.value.problems
+    assert any(p.startswith("gate.tau") for p in problems)
+    assert any(p.startswith("gate.kk: unknown key") for p in problems)
+    assert any(p.startswith("nonsense: unknown key") for p in problems)
+    assert "rollout.group_size must be >= 2 (GRPO needs a group)" in problems
+    assert "learner.lr must be > 0" in problems
+    assert len(problems) == 5
+
+
+def test_range_problems_are_all_listed():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["rollout.group_size=1", "learner.lr=-1", "policy.top_p=0", "rollout.slots=1"])
+    text = "\n".join(info.value.problems)
+    for fragment in ("rollout.group_size", "learner.lr", "policy.top_p"):
+        assert fragment in text
+
+
+def test_extra_checks_are_collected_with_the_rest():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["learner.lr=-1"], extra_checks=[lambda cfg: ["env.name: unknown env 'x'"]])
+    assert info.value.problems == ["learner.lr must be > 0", "env.name: unknown env 'x'"]
+
+
+def test_bad_override_syntax():
+    with pytest.raises(ConfigError):
+        parse_override("novalue")
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "nope.toml")
+    (tmp_path / "broken.toml").write_text("[gate\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(tmp_path / "broken.toml")
+
+
+def test_dumped_config_loads_back_identically(tmp_path):
+    cfg = load_config(None, ["gate.checkpoints=[10, 12]", "allocator.options={p = 0.5}", "run.name=x"])
+    path = tmp_path / "config.toml"
+    path.write_text(dump_toml(cfg))
+    assert load_config(path) == cfg
