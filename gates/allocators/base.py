@@ -48,7 +48,11 @@ class Allocator(Protocol):
     name: str
 
     def next_admission(self, free_slots: int) -> Admission | None:
-        """The next group to start in at most `free_slots` slots, or None to leave the slots idle for now."""
+        """The next group to start in at most `free_slots` slots, or None to leave the slots idle for now.
+
+        Must not deadlock the run: with no group in flight, None is only allowed while a learner update is
+        due (B training groups are waiting), because only a finished group or an update asks again.
+        """
         ...
 
     def on_admitted(self, group_id: int, admission: Admission) -> None:
@@ -56,7 +60,8 @@ class Allocator(Protocol):
         ...
 
     def on_result(self, result: GroupResult) -> list[GroupResult]:
-        """A rollout group finished (cut or complete). Returns the training groups now ready."""
+        """A rollout group finished (cut or complete). Returns the training groups now ready: never a cut
+        group; a group merged from several rollout groups keeps the group id of the first one."""
         ...
 
     def on_update(self, version: int) -> None:
@@ -64,7 +69,10 @@ class Allocator(Protocol):
         ...
 
     def statistics(self) -> Mapping[str, float]:
-        """Accounting under `allocator/...`: prompts_skipped, rollouts_spent, groups_emitted, ..."""
+        """Accounting under `allocator/...`. The built-ins all report prompts_admitted, prompts_skipped,
+        prompts_trained, prompts_dropped, prompts_pending, groups_admitted, groups_cut, groups_trained,
+        rollouts_spent, rollouts_trained, zero_variance_fraction and effective_prompt_ratio (see
+        `gates.allocators._common.Ledger`), plus their own."""
         ...
 
     def state_dict(self) -> dict[str, Any]: ...

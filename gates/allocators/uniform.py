@@ -1,4 +1,8 @@
-"""Uniform allocation: plain GRPO. Every prompt gets G rollouts, prompts drawn in reshuffled epochs."""
+"""Uniform allocation: plain GRPO. Every prompt gets G rollouts, prompts drawn in reshuffled epochs.
+
+Every complete group trains (zero-variance ones too: dropping them is the learner's `drop_zero_variance` or
+the `dapo` allocator's job); cut groups never do.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import msgspec
 
 from pipeline.messages import GroupResult
 
+from ._common import Ledger, TaskCycle, require_fit, rng_state, set_rng_state, trainable
 from .base import Admission, AllocatorContext
 
 
@@ -24,56 +29,38 @@ class UniformAllocator:
             raise ValueError("uniform allocator: no tasks to admit")
         self._ctx = ctx
         self._rng = random.Random(ctx.seed)
-        self._order: list[str] = []
-        self._epoch = 0
-        self._admitted = 0
-        self._rollouts = 0
-        self._emitted = 0
-
-    def _next_task(self) -> str:
-        if not self._order:
-            self._order = [t.task_id for t in self._ctx.tasks]
-            self._rng.shuffle(self._order)
-            self._epoch += 1
-        return self._order.pop()
+        self._cycle = TaskCycle([t.task_id for t in ctx.tasks], self._rng)
+        self._ledger = Ledger()
 
     def next_admission(self, free_slots: int) -> Admission | None:
-        if free_slots < self._ctx.group_size:
+        if not require_fit(self._ctx.group_size, free_slots, self._ledger.in_flight, "uniform allocator"):
             return None
-        return Admission(task_id=self._next_task(), size=self._ctx.group_size)
+        return Admission(task_id=self._cycle.next(), size=self._ctx.group_size)
 
     def on_admitted(self, group_id: int, admission: Admission) -> None:
-        self._admitted += 1
-        self._rollouts += admission.size
+        self._ledger.admitted(admission.size, new_prompt=True)
 
     def on_result(self, result: GroupResult) -> list[GroupResult]:
-        if result.cut:
+        self._ledger.finished(result)
+        if not trainable(result):
+            self._ledger.dropped()
             return []
-        self._emitted += 1
-        return [result]
+        return [self._ledger.trained(result)]
 
     def on_update(self, version: int) -> None:
         pass
 
     def statistics(self) -> Mapping[str, float]:
-        return {
-            "allocator/groups_admitted": self._admitted,
-            "allocator/rollouts_spent": self._rollouts,
-            "allocator/groups_emitted": self._emitted,
-            "allocator/prompts_skipped": 0,
-            "allocator/epoch": self._epoch,
-        }
+        return {**self._ledger.statistics(), "allocator/epoch": float(self._cycle.epoch)}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": self._rng.getstate(), "order": list(self._order), "epoch": self._epoch}
+        return {
+            "rng": rng_state(self._rng),
+            "cycle": self._cycle.state_dict(),
+            "ledger": self._ledger.state_dict(pending_kept=0),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self._rng.setstate(_as_rng_state(state["rng"]))
-        self._order = list(state["order"])
-        self._epoch = int(state["epoch"])
-
-
-def _as_rng_state(state: Any) -> tuple[Any, ...]:
-    """random.Random state survives a JSON round trip as nested lists; setstate wants tuples."""
-    version, internal, gauss = state
-    return (version, tuple(internal), gauss)
+        set_rng_state(self._rng, state["rng"])
+        self._cycle.load_state_dict(state["cycle"])
+        self._ledger.load_state_dict(state["ledger"])
