@@ -1,0 +1,107 @@
+"""`HouseholdSuite`: the registered `household` environment suite (tasks per split, episodes, expert)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..base import SPLITS, Task
+from . import text
+from .catalog import FAMILIES
+from .engine import HouseholdEnv
+from .expert import plan
+from .splits import SplitConfig, features, generate_split
+from .world import TaskSpec
+
+
+class HouseholdSuite:
+    """ALFWorld-like household tasks, generated deterministically from `seed`.
+
+    Options (the `[env.options]` table): `seed` (0), `train_size` (3000), `heldout_seen_size` (600),
+    `heldout_unseen_size` (600), `layouts_per_room` (40), `unseen_layouts_per_room` (12),
+    `unseen_combination_share` (0.2), `heldout_seen_share` (0.2) and `families` (all six).
+    Task ids are `household/<split>/<index:06d>`; for a given seed they are the same on every machine,
+    and a split's first N tasks do not change when its size (or another split's) grows.
+    Splits are generated on first use and cached.
+    """
+
+    name = "household"
+
+    def __init__(
+        self,
+        max_steps: int = 30,
+        seed: int = 0,
+        train_size: int = 3000,
+        heldout_seen_size: int = 600,
+        heldout_unseen_size: int = 600,
+        layouts_per_room: int = 40,
+        unseen_layouts_per_room: int = 12,
+        unseen_combination_share: float = 0.2,
+        heldout_seen_share: float = 0.2,
+        families: Sequence[str] = FAMILIES,
+    ) -> None:
+        if max_steps < 1:
+            raise ValueError("max_steps must be >= 1")
+        unknown = [family for family in families if family not in FAMILIES]
+        if unknown or not families:
+            raise ValueError(f"families must be a non-empty subset of {FAMILIES}, got {list(families)}")
+        for share in (unseen_combination_share, heldout_seen_share):
+            if not 0.0 < share < 1.0:
+                raise ValueError(f"shares must be strictly between 0 and 1, got {share}")
+        self.max_steps = max_steps
+        self.config = SplitConfig(
+            seed=seed,
+            layouts_per_room=layouts_per_room,
+            unseen_layouts_per_room=unseen_layouts_per_room,
+            unseen_combination_share=unseen_combination_share,
+            heldout_seen_share=heldout_seen_share,
+            families=tuple(families),
+        )
+        self.sizes = {"train": train_size, "heldout_seen": heldout_seen_size, "heldout_unseen": heldout_unseen_size}
+        self._specs: dict[str, list[TaskSpec]] = {}
+        self._tasks: dict[str, list[Task]] = {}
+        self._plans: dict[str, list[list[str]]] = {}
+
+    def _generate(self, split: str) -> None:
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r} (known: {', '.join(SPLITS)})")
+        if split in self._tasks:
+            return
+        specs = generate_split(split, self.sizes[split], self.config)
+        plans = [plan(spec) for spec in specs]
+        self._specs[split] = specs
+        self._plans[split] = plans
+        self._tasks[split] = [
+            Task(f"household/{split}/{i:06d}", spec.family, spec.description, split, features(spec, commands))
+            for i, (spec, commands) in enumerate(zip(specs, plans, strict=True))
+        ]
+
+    def tasks(self, split: str) -> Sequence[Task]:
+        self._generate(split)
+        return self._tasks[split]
+
+    def spec(self, task: Task | str) -> TaskSpec:
+        """The full task (layout, object placements, goal) behind a task or task id of this suite."""
+        task_id = task if isinstance(task, str) else task.task_id
+        split, index = self._locate(task_id)
+        return self._specs[split][index]
+
+    def _locate(self, task_id: str) -> tuple[str, int]:
+        parts = task_id.split("/")
+        if len(parts) != 3 or parts[0] != self.name or parts[1] not in SPLITS or not parts[2].isdigit():
+            raise ValueError(f"{task_id!r} is not a household task id (household/<split>/<index>)")
+        split, index = parts[1], int(parts[2])
+        self._generate(split)
+        if index >= len(self._specs[split]):
+            raise ValueError(f"{task_id!r}: split {split} has only {len(self._specs[split])} tasks")
+        return split, index
+
+    def make(self) -> HouseholdEnv:
+        return HouseholdEnv(self.spec, max_steps=self.max_steps)
+
+    def expert(self, task: Task) -> list[str]:
+        split, index = self._locate(task.task_id)
+        return list(self._plans[split][index])
+
+    def vocabulary(self) -> list[str]:
+        """Every token of household texts; see `stages.envs.household.text` for the tokenization rule."""
+        return text.vocabulary()

@@ -1,0 +1,44 @@
+import pytest
+
+from stages.envs import ENVS, Environment, EnvSuite, Task
+from stages.envs.household import HouseholdSuite
+
+
+def test_registered_and_constructed_from_options():
+    suite_class = ENVS.get("household")
+    assert suite_class is HouseholdSuite
+    suite = suite_class(max_steps=12, seed=3, train_size=10, heldout_seen_size=5, heldout_unseen_size=5)
+    assert isinstance(suite, EnvSuite)
+    assert isinstance(suite.make(), Environment)
+    assert (suite.name, suite.max_steps) == ("household", 12)
+    assert [len(suite.tasks(split)) for split in ("train", "heldout_seen", "heldout_unseen")] == [10, 5, 5]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"max_steps": 0}, {"families": ["juggling"]}, {"families": []}, {"unseen_combination_share": 1.0}],
+)
+def test_bad_options_raise(options):
+    with pytest.raises(ValueError):  # noqa: PT011 - the message names the option
+        HouseholdSuite(**options)
+
+
+def test_restricting_families():
+    suite = HouseholdSuite(train_size=20, families=["pick_heat_then_place", "pick_cool_then_place"])
+    assert {t.family for t in suite.tasks("train")} == {"pick_heat_then_place", "pick_cool_then_place"}
+
+
+def test_unknown_splits_and_foreign_tasks_raise_clear_errors():
+    suite = HouseholdSuite(train_size=5)
+    with pytest.raises(ValueError, match="unknown split"):
+        suite.tasks("test")
+    foreign = Task("textworld/train/000001", "pick_and_place", "win", "train")
+    with pytest.raises(ValueError, match="not a household task id"):
+        suite.make().reset(foreign)
+    with pytest.raises(ValueError, match="has only 5 tasks"):
+        suite.expert(Task("household/train/000005", "pick_and_place", "win", "train"))
+
+
+def test_stepping_before_reset_raises():
+    with pytest.raises(RuntimeError):
+        HouseholdSuite(train_size=1).make().step("look")
