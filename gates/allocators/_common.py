@@ -222,9 +222,9 @@ class YieldPacer:
     Training groups are `ready` once emitted and until a learner update consumes a batch of B. New prompts
     are admitted while `ready + sure + yield_rate * in_flight < B * (1 + lookahead)`, where `sure` counts
     pending groups that will train unless cut (e.g. committed prompts) and `yield_rate` is a running rate of
-    training groups per finished prompt visit. It refuses with nothing in flight only once `ready + sure` covers
-    B: with nothing in flight (and `sure` groups served first, as follow-ups are) it blocks only while a
-    learner update is due, so it cannot deadlock the run.
+    training groups per finished prompt visit. With nothing in flight it always admits: `ready` is only an
+    estimate (the learner may drop emitted groups), and only a finished group or an update asks again, so
+    refusing then could stall the run.
     """
 
     def __init__(self, batch_groups: int, lookahead: float, window: int | None = None) -> None:
@@ -250,7 +250,11 @@ class YieldPacer:
         """Training groups still wanted from new prompts."""
         return max(0, math.ceil(self.batch_groups * (1.0 + self.lookahead)) - self.ready - sure)
 
-    def admit(self, in_flight_new: int, sure: int = 0) -> bool:
+    def admit(self, in_flight_new: int, sure: int = 0, *, in_flight: int | None = None) -> bool:
+        """Admit another new prompt? `in_flight_new`: first-stage groups in flight (their yield is uncertain);
+        `in_flight`: every rollout group in flight (defaults to `in_flight_new`)."""
+        if (in_flight_new if in_flight is None else in_flight) == 0:
+            return True
         need = self.need(sure)
         return need > 0 and self.yield_rate * in_flight_new < need
 

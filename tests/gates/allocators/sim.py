@@ -67,7 +67,7 @@ class Sim:
     emitted: list[GroupResult] = field(default_factory=list)
     in_flight: dict[int, Admission] = field(default_factory=dict)
     finished: int = 0
-    next_gid: int = 1
+    next_gid: int = 0
     version: int = 0
     ready: int = 0
 
@@ -104,7 +104,8 @@ class Sim:
             assert all(t.status != TrajectoryStatus.CUT for t in group.trajectories)
             assert [t.rollout_index for t in group.trajectories] == list(range(len(group.trajectories)))
         self.emitted += out
-        self.ready += len(out)
+        # the learner drops zero-variance groups (learner.drop_zero_variance): they fill no batch
+        self.ready += sum(len({t.reward for t in g.trajectories}) > 1 for g in out)
         self.check_accounting()
         return out
 

@@ -87,15 +87,17 @@ def test_require_fit_waits_only_while_something_is_in_flight() -> None:
     sure=st.integers(0, 40),
     yields=st.lists(st.booleans(), max_size=50),
 )
-def test_pacer_with_nothing_in_flight_refuses_only_when_an_update_is_due(
+def test_pacer_never_refuses_with_nothing_in_flight(
     batch: int, lookahead: float, ready: int, sure: int, yields: list[bool]
 ) -> None:
     pacer = YieldPacer(batch, lookahead)
     for y in yields:
         pacer.observe(y)
     pacer.emitted(ready)
-    if not pacer.admit(0, sure):
-        assert ready + sure >= batch
+    assert pacer.admit(0, sure)
+    assert pacer.admit(0, sure, in_flight=0)
+    if not pacer.admit(1, sure):
+        assert pacer.need(sure) == 0 or pacer.yield_rate >= pacer.need(sure)
 
 
 def test_pacer_counts_expected_yield() -> None:
@@ -106,6 +108,7 @@ def test_pacer_counts_expected_yield() -> None:
     assert pacer.admit(7)
     assert not pacer.admit(8)
     pacer.emitted(4)
-    assert not pacer.admit(0)
+    assert not pacer.admit(1)  # a batch is ready
+    assert pacer.admit(0)  # ... but nothing is in flight: never stall
     pacer.updated()
-    assert pacer.admit(0)
+    assert pacer.admit(1)
