@@ -1,0 +1,181 @@
+"""GPU sampling through NVML (`pynvml`, from the nvidia-ml-py package) and CUDA-event spans.
+
+NVML reports, per device, the percentage of time over its last internal sample period (1/6 s to 1 s,
+device dependent) during which a kernel ran, and the memory in use. `GpuSampler` polls it at
+`gpu_sample_hz`; each reading is taken to hold over the interval since the previous one. Without the
+library, a driver or a device, the sampler says why in `status` and records nothing: no GPU numbers are
+ever invented.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import structlog
+import trio
+
+from ._recorder import Recorder
+
+log = structlog.get_logger(__name__)
+
+Clock = Callable[[], float]
+
+NO_GPU = "n/a (no GPU)"
+
+
+@dataclass
+class GpuTrack:
+    """One device's readings: utilization samples (t0, t1, fraction busy) and memory (t, MiB used)."""
+
+    index: int
+    name: str
+    total_mib: float
+    util: list[tuple[float, float, float]] = field(default_factory=list)
+    mem_mib: list[tuple[float, float]] = field(default_factory=list)
+
+
+def _load_nvml() -> ModuleType:
+    import pynvml  # nvidia-ml-py; optional extra "gpu-profile"
+
+    return pynvml
+
+
+class GpuSampler:
+    """Polls NVML for every visible device. `nvml` is the pynvml module (injectable for tests)."""
+
+    def __init__(self, hz: float, clock: Clock, nvml: ModuleType | None = None) -> None:
+        self.period = 1.0 / hz if hz > 0 else 0.0
+        self.clock = clock
+        self._nvml = nvml
+        self._handles: list[Any] = []
+        self._initialised = False
+        self.tracks: list[GpuTrack] = []
+        self.status = "n/a (not sampled)"
+
+    @property
+    def available(self) -> bool:
+        return bool(self.tracks)
+
+    def open(self) -> bool:
+        """Initialise NVML and find the devices; on any failure set `status` to the reason and return False."""
+        if self.period == 0.0:
+            self.status = "n/a (GPU sampling off)"
+            return False
+        try:
+            nvml = self._nvml if self._nvml is not None else _load_nvml()
+        except ImportError:
+            self.status = f"{NO_GPU}: pynvml not installed (pip install nvidia-ml-py)"
+            return False
+        try:
+            nvml.nvmlInit()
+        except Exception as exc:  # NVMLError has a subclass per cause; each means no GPU here
+            self.status = f"{NO_GPU}: NVML unavailable ({exc})"
+            return False
+        self._nvml = nvml
+        self._initialised = True
+        try:
+            count = nvml.nvmlDeviceGetCount()
+            for index in range(count):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                name = nvml.nvmlDeviceGetName(handle)
+                name = name.decode() if isinstance(name, bytes) else str(name)
+                total = nvml.nvmlDeviceGetMemoryInfo(handle).total / 2**20
+                self._handles.append(handle)
+                self.tracks.append(GpuTrack(index=index, name=name, total_mib=total))
+        except Exception as exc:  # a broken driver is reported, not raised
+            self.status = f"{NO_GPU}: NVML device query failed ({exc})"
+            self.tracks = []
+            self.close()
+            return False
+        if not self.tracks:
+            self.status = f"{NO_GPU}: NVML sees no device"
+            self.close()
+            return False
+        self.status = f"{len(self.tracks)} device(s): " + ", ".join(t.name for t in self.tracks)
+        return True
+
+    def close(self) -> None:
+        """Shut NVML down if `open` initialised it (idempotent); recorded tracks are kept."""
+        if self._initialised:
+            self._initialised = False
+            self._handles = []
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception as exc:  # a failed shutdown changes nothing we recorded
+                log.warning("nvml_shutdown_failed", error=str(exc))
+
+    def read(self) -> list[tuple[float, float]]:
+        """(utilization fraction, MiB used) per device, now. Blocking NVML calls: run in a worker thread."""
+        out = []
+        for handle in self._handles:
+            util = self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
+            used = self._nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
+            out.append((util, used))
+        return out
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Sample until cancelled. Reports started once NVML is open (or known to be unavailable)."""
+        limiter = trio.CapacityLimiter(1)
+        opened = await trio.to_thread.run_sync(self.open, limiter=limiter)
+        task_status.started()
+        if not opened:
+            log.info("gpu_sampling_unavailable", status=self.status)
+            return
+        try:
+            prev = self.clock()
+            while True:
+                await trio.sleep(self.period)
+                readings = await trio.to_thread.run_sync(self.read, limiter=limiter)
+                now = self.clock()
+                for track, (util, used) in zip(self.tracks, readings, strict=True):
+                    track.util.append((prev, now, util))
+                    track.mem_mib.append((now, used))
+                prev = now
+        finally:
+            self.close()
+
+
+def cuda_available() -> bool:
+    """True when torch is already imported and sees a CUDA device (torch is never imported here)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and bool(torch.cuda.is_available())
+
+
+class CudaSpan:
+    """A busy span plus a pair of CUDA events on the current stream, timed when the profile finishes."""
+
+    __slots__ = ("_buf", "_end", "_name", "_span", "_stage", "_start")
+
+    def __init__(self, recorder: Recorder, stage: str, name: str, span: Any) -> None:
+        self._buf = recorder.buffer()
+        self._stage = stage
+        self._name = name
+        self._span = span
+
+    def __enter__(self) -> CudaSpan:
+        import torch
+
+        self._span.__enter__()
+        self._start = torch.cuda.Event(enable_timing=True)
+        self._end = torch.cuda.Event(enable_timing=True)
+        self._start.record()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._end.record()
+        self._span.__exit__(*exc_info)
+        self._buf.cuda.append((self._stage, self._name, self._start, self._end))
+
+
+def cuda_seconds(buffers: list[Any]) -> dict[str, float]:
+    """Total CUDA-event time per stage over all recorded CUDA spans (synchronizes on each end event)."""
+    out: dict[str, float] = {}
+    for buf in buffers:
+        for stage, _name, start, end in list(buf.cuda):
+            end.synchronize()
+            out[stage] = out.get(stage, 0.0) + start.elapsed_time(end) / 1000.0
+    return out
