@@ -224,6 +224,7 @@ class PilotCommitAllocator:
             "allocator/epoch": float(self._cycle.epoch),
             "allocator/prompts_evicted": float(len(self._evicted)),
             "allocator/commit_queue": float(len(self._queue)),
+            "allocator/step": float(self._step),
         }
 
     def state_dict(self) -> dict[str, Any]:
