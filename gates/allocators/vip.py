@@ -104,7 +104,7 @@ class VipAllocator:
         """RBF length scale; 0 = median heuristic over the task features."""
         decay: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.8
         """Forgetting factor on every prompt's (k, n) per learner update."""
-        max_observed: Annotated[int, msgspec.Meta(ge=1)] = 256
+        max_observed: Annotated[int, msgspec.Meta(ge=1)] = 128
         """Most recently observed prompts the GP conditions on."""
 
     def __init__(self, options: Options, ctx: AllocatorContext) -> None:

@@ -15,6 +15,7 @@ from gates.allocators._gp import (
     gp_posterior,
     logit_observation,
     rbf_kernel,
+    spd_solve,
     task_features,
 )
 from gates.allocators.vip import greedy_allocation, h_dr_grpo, h_rloo
@@ -145,3 +146,11 @@ def test_groups_larger_than_every_slot_are_shrunk_not_stalled() -> None:
     allocator = build("vip", tasks, max_rollouts=16, budget_per_prompt=12)
     sim = Sim(allocator, probs, slots=10, seed=7).run(100)
     assert max(a.size for _, a in sim.admissions) == 10
+
+
+def test_spd_solve_matches_numpy() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((40, 3))
+    a = rbf_kernel(x, x, bandwidth=1.5) + 0.1 * np.eye(40)
+    b = rng.standard_normal((40, 5))
+    assert np.allclose(spd_solve(a, b), np.linalg.solve(a, b), atol=1e-10)
