@@ -1,0 +1,233 @@
+"""`build_policy`: tokenizer + model + prompt format from the config, warm-started by cached BC.
+
+The warm start is cached under `policy.cache_dir` as `torch_tiny-<suite>-<key>.pt`, where `key` hashes
+everything that changes it: the cache format, suite name and step limit, the tokenizer's word list,
+model / prompt / BC options, the pretrain section, the seed, and the demonstrations themselves (prompt and
+target ids of every expert step), so a changed environment or expert never reuses a stale checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import structlog
+import torch
+
+from stages.envs.base import EnvSuite
+
+from ._model import ModelConfig, TinyLM
+from ._pretrain import Demo, GroupComposition, collect_demos, rollout_lockstep, train_bc
+from ._prompt import PromptFormat
+from ._server import SamplingConfig, TorchTinyPolicy
+from ._tokenizer import WordTokenizer
+
+if TYPE_CHECKING:
+    from pipeline.config import PolicySection, PretrainSection
+
+log = structlog.get_logger(__name__)
+
+CACHE_FORMAT = 1
+
+
+class TinyOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`policy.options` of the torch_tiny backend."""
+
+    layers: int = 4
+    d_model: int = 128
+    heads: int = 4
+    max_len: int = 256
+    history: int = 2
+    """Earlier (observation, action) pairs in the prompt."""
+    show_admissible: bool = False
+    """List the admissible commands in the prompt (longer prompts; parsing maps to them anyway)."""
+    max_obs_tokens: int = 48
+    max_prompt_tokens: int = 200
+    fuzzy_cutoff: float = 75.0
+    """rapidfuzz ratio (0-100) a generated command needs to be mapped to an admissible one."""
+    threads: int = 1
+    """torch threads in the decoding worker thread."""
+    bc_threads: int = 2
+    """torch threads while behaviour cloning (0 = leave torch's setting alone)."""
+    bc_max_updates: int = 0
+    """Stop BC after this many optimizer steps (0 = all epochs): the deliberate under-training knob."""
+    bc_eval_tasks: int = 50
+    """Held-out tasks per split for the greedy success reported after BC (0 = skip)."""
+    bc_group_tasks: int = 0
+    """Train tasks sampled G=8 times (temperature 1) to report the group composition after BC (0 = skip)."""
+
+
+def decode_options(options: dict[str, Any], max_new_tokens: int) -> TinyOptions:
+    try:
+        opts = msgspec.convert(options, TinyOptions, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"policy.options for torch_tiny: {exc}") from None
+    if opts.max_prompt_tokens + max_new_tokens > opts.max_len:
+        raise ValueError(
+            f"policy.options: max_prompt_tokens ({opts.max_prompt_tokens}) + policy.max_new_tokens "
+            f"({max_new_tokens}) must not exceed max_len ({opts.max_len})"
+        )
+    return opts
+
+
+def build_policy(
+    cfg: PolicySection, pretrain: PretrainSection, suite: EnvSuite, *, seed: int
+) -> TorchTinyPolicy:
+    """The torch_tiny policy for `suite`, behaviour-cloned (or loaded from the cache) when enabled."""
+    opts = decode_options(cfg.options, cfg.max_new_tokens)
+    tokenizer = WordTokenizer.from_vocabulary(suite.vocabulary())
+    fmt = PromptFormat(
+        tokenizer,
+        history=opts.history,
+        show_admissible=opts.show_admissible,
+        max_obs_tokens=opts.max_obs_tokens,
+        max_prompt_tokens=opts.max_prompt_tokens,
+    )
+    model_cfg = ModelConfig(
+        vocab_size=len(tokenizer),
+        pad_id=tokenizer.pad_id,
+        layers=opts.layers,
+        d_model=opts.d_model,
+        heads=opts.heads,
+        max_len=opts.max_len,
+    )
+    torch.manual_seed(seed)
+    model = TinyLM(model_cfg)
+    sampling = SamplingConfig(
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_new_tokens=cfg.max_new_tokens,
+        max_batch=cfg.max_batch,
+        max_wait_ms=cfg.max_wait_ms,
+        threads=opts.threads,
+        fuzzy_cutoff=opts.fuzzy_cutoff,
+    )
+    log.info("policy.model", params=model.num_parameters(), vocab=len(tokenizer), **model_cfg.to_dict())
+    if pretrain.enabled:
+        warm_start(model, fmt, suite, sampling, opts, pretrain, cache_dir=Path(cfg.cache_dir), seed=seed)
+    return TorchTinyPolicy(model, fmt, sampling, seed=seed)
+
+
+def warm_start(
+    model: TinyLM,
+    fmt: PromptFormat,
+    suite: EnvSuite,
+    sampling: SamplingConfig,
+    opts: TinyOptions,
+    pretrain: PretrainSection,
+    *,
+    cache_dir: Path,
+    seed: int,
+) -> dict[str, Any]:
+    """Load the cached BC checkpoint for this configuration, or train, evaluate and cache it.
+
+    Returns the BC report (losses, wall time, held-out success, group composition).
+    """
+    demo_tasks = list(suite.tasks("train"))[: pretrain.demos]
+    demos, failed = collect_demos(suite, demo_tasks, fmt)
+    if failed:
+        log.warning("policy.bc.expert_failed", tasks=failed, of=len(demo_tasks))
+    key = cache_key(suite, fmt, model.cfg, opts, pretrain, seed, demos)
+    path = cache_dir / f"torch_tiny-{suite.name}-{key[:16]}.pt"
+    if path.exists():
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        model.load_state_dict(saved["state"])
+        report = json.loads(saved["report"])
+        log.info("policy.bc.cache_hit", path=str(path), **report)
+        return report
+
+    log.info(
+        "policy.bc.start", demos=len(demos), tasks=len(demo_tasks), epochs=pretrain.epochs, path=str(path)
+    )
+    previous_threads = torch.get_num_threads()
+    if opts.bc_threads > 0:
+        torch.set_num_threads(opts.bc_threads)
+    try:
+        started = time.perf_counter()
+        losses = train_bc(
+            model,
+            demos,
+            epochs=pretrain.epochs,
+            lr=pretrain.lr,
+            batch_size=pretrain.batch_size,
+            seed=seed,
+            max_updates=opts.bc_max_updates,
+        )
+        report: dict[str, Any] = {
+            "losses": [round(x, 4) for x in losses],
+            "train_s": round(time.perf_counter() - started, 1),
+        }
+        report |= bc_report(model, fmt, suite, sampling, opts, seed=seed)
+    finally:
+        torch.set_num_threads(previous_threads)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    torch.save(
+        {"state": model.state_dict(), "report": json.dumps(report), "tokenizer": fmt.tokenizer.to_json()}, tmp
+    )
+    os.replace(tmp, path)  # atomic: a concurrent run never reads half a file
+    log.info("policy.bc.done", path=str(path), **report)
+    return report
+
+
+def bc_report(
+    model: TinyLM,
+    fmt: PromptFormat,
+    suite: EnvSuite,
+    sampling: SamplingConfig,
+    opts: TinyOptions,
+    *,
+    seed: int,
+) -> dict[str, Any]:
+    """Greedy held-out success per split, and the G=8 group composition on train tasks if asked."""
+    report: dict[str, Any] = {}
+    started = time.perf_counter()
+    if opts.bc_eval_tasks > 0:
+        for split in ("heldout_seen", "heldout_unseen"):
+            tasks = list(suite.tasks(split))[: opts.bc_eval_tasks]
+            episodes = rollout_lockstep(model, fmt, suite, tasks, sampling, greedy=True, seed=seed)
+            report[f"success_{split}"] = round(sum(e.won for e in episodes) / max(1, len(episodes)), 3)
+    if opts.bc_group_tasks > 0:
+        tasks = list(suite.tasks("train"))[-opts.bc_group_tasks :]
+        episodes = rollout_lockstep(model, fmt, suite, tasks, sampling, samples=8, greedy=False, seed=seed)
+        comp = GroupComposition.of(episodes, 8)
+        report |= {
+            "groups_all_fail": comp.all_fail,
+            "groups_mixed": comp.mixed,
+            "groups_all_succeed": comp.all_succeed,
+        }
+    report["eval_s"] = round(time.perf_counter() - started, 1)
+    return report
+
+
+def cache_key(
+    suite: EnvSuite,
+    fmt: PromptFormat,
+    model_cfg: ModelConfig,
+    opts: TinyOptions,
+    pretrain: PretrainSection,
+    seed: int,
+    demos: list[Demo],
+) -> str:
+    """sha256 (hex) of everything that determines the warm-start weights and their report."""
+    h = hashlib.sha256()
+    header = {
+        "format": CACHE_FORMAT,
+        "suite": suite.name,
+        "max_steps": suite.max_steps,
+        "words": list(fmt.tokenizer.words),
+        "model": model_cfg.to_dict(),
+        "options": {k: v for k, v in msgspec.to_builtins(opts).items() if k != "threads"},  # decoding only
+        "pretrain": [pretrain.demos, pretrain.epochs, pretrain.lr, pretrain.batch_size],
+        "seed": seed,
+        "torch": torch.__version__,
+    }
+    h.update(json.dumps(header, sort_keys=True).encode())
+    for demo in demos:
+        h.update(json.dumps([demo.prompt, demo.completion]).encode())
+    return h.hexdigest()

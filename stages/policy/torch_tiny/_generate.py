@@ -1,0 +1,143 @@
+"""Batched sampling with a KV cache: prefill left-padded prompts once, then one token per step.
+
+Randomness comes in as `uniforms` [B, max_new_tokens], one row per request, drawn by the caller from that
+request's own generator. A token is chosen by inverting the (temperature, top-p) distribution's CDF at
+the row's uniform, so a request's tokens depend on its own row only and not on which other requests share
+its batch (padding changes logits only by float rounding, ~1e-6).
+
+Recorded log-probs are the model's log-softmax at temperature 1 over the full vocabulary (see
+`_model.py`), whatever temperature / top-p the token was sampled with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ._model import KVCache, TinyLM
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    token_ids: list[int]
+    """Generated ids, ending with the stop token when one was generated."""
+    logprobs: list[float]
+
+
+def choose_tokens(
+    logits: torch.Tensor,  # [B, V]
+    uniforms: torch.Tensor,  # [B] in [0, 1)
+    greedy: torch.Tensor,  # [B] bool
+    *,
+    temperature: float,
+    top_p: float,
+) -> torch.Tensor:
+    """One token per row [B]: argmax where `greedy` (or temperature 0), else inverse-CDF top-p sampling."""
+    argmax = logits.argmax(dim=-1)  # [B]
+    if temperature <= 0 or bool(greedy.all()):
+        return argmax
+    probs = F.softmax(logits.float() / temperature, dim=-1)  # [B, V]
+    sorted_p, order = probs.sort(dim=-1, descending=True)  # [B, V]
+    before = sorted_p.cumsum(dim=-1) - sorted_p  # [B, V] mass of strictly more likely tokens
+    kept = torch.where(before < top_p, sorted_p, torch.zeros_like(sorted_p))  # [B, V] nucleus (>= 1 token)
+    cdf = kept.cumsum(dim=-1)  # [B, V]
+    target = uniforms[:, None].to(cdf.dtype) * cdf[:, -1:]  # [B, 1]
+    rank = torch.searchsorted(cdf, target, right=True).clamp(max=logits.shape[-1] - 1)  # [B, 1]
+    sampled = order.gather(-1, rank).squeeze(-1)  # [B]
+    return torch.where(greedy, argmax, sampled)
+
+
+@torch.inference_mode()
+def generate(
+    model: TinyLM,
+    prompts: Sequence[Sequence[int]],
+    *,
+    uniforms: torch.Tensor,  # [B, max_new_tokens]
+    greedy: Sequence[bool],
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    stop_ids: Sequence[int],
+) -> list[Sample]:
+    """Sample a completion for each prompt (prompts must fit `max_len - max_new_tokens`)."""
+    cfg = model.cfg
+    B, P = len(prompts), max(len(p) for p in prompts)
+    if P + max_new_tokens > cfg.max_len:
+        raise ValueError(f"prompt ({P}) + max_new_tokens ({max_new_tokens}) exceeds max_len={cfg.max_len}")
+    ids = torch.full((B, P), cfg.pad_id, dtype=torch.long)  # [B, P] left-padded
+    for i, p in enumerate(prompts):
+        ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+    lengths = torch.tensor([len(p) for p in prompts])  # [B]
+    key_mask = torch.ones(B, P + max_new_tokens, dtype=torch.bool)  # [B, S]
+    key_mask[:, :P] = torch.arange(P)[None, :] >= (P - lengths)[:, None]
+    positions = (key_mask[:, :P].long().cumsum(dim=-1) - 1).clamp(min=0)  # [B, P]
+    next_pos = lengths.clone()  # [B]
+    greedy_t = torch.tensor(list(greedy), dtype=torch.bool)  # [B]
+    stops = torch.tensor(list(stop_ids))  # [K]
+    cache = KVCache.empty(cfg, B, P + max_new_tokens)
+
+    h = model.hidden(ids, positions, key_mask[:, :P], cache, start=0)[:, -1]  # [B, D]
+    tokens = torch.empty(B, max_new_tokens, dtype=torch.long)  # [B, N]
+    logps = torch.empty(B, max_new_tokens)  # [B, N]
+    done = torch.zeros(B, dtype=torch.bool)  # [B]
+    steps = 0
+    for t in range(max_new_tokens):
+        logits = model.logits(h).float()  # [B, V]
+        tok = choose_tokens(logits, uniforms[:, t], greedy_t, temperature=temperature, top_p=top_p)  # [B]
+        tokens[:, t] = tok
+        logps[:, t] = F.log_softmax(logits, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
+        steps = t + 1
+        done |= torch.isin(tok, stops)
+        if bool(done.all()) or steps == max_new_tokens:
+            break
+        col = P + t
+        h = model.hidden(tok[:, None], next_pos[:, None], key_mask[:, : col + 1], cache, start=col)[:, -1]
+        next_pos = next_pos + 1
+
+    samples = []
+    for row, lp in zip(tokens[:, :steps].tolist(), logps[:, :steps].tolist(), strict=True):
+        end = next((j + 1 for j, x in enumerate(row) if x in stop_ids), len(row))
+        samples.append(Sample(row[:end], lp[:end]))
+    return samples
+
+
+@torch.inference_mode()
+def generate_uncached(
+    model: TinyLM,
+    prompts: Sequence[Sequence[int]],
+    *,
+    uniforms: torch.Tensor,  # [B, max_new_tokens]
+    greedy: Sequence[bool],
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    stop_ids: Sequence[int],
+) -> list[Sample]:
+    """The same sampling as `generate`, recomputing the whole sequence each step (reference / bench)."""
+    B = len(prompts)
+    rows = [list(p) for p in prompts]
+    greedy_t = torch.tensor(list(greedy), dtype=torch.bool)
+    out: list[Sample] = [Sample([], []) for _ in range(B)]
+    live = list(range(B))
+    for t in range(max_new_tokens):
+        L = max(len(rows[i]) for i in live)
+        ids = torch.full((len(live), L), model.cfg.pad_id, dtype=torch.long)  # [B', L] left-padded
+        for j, i in enumerate(live):
+            ids[j, L - len(rows[i]) :] = torch.tensor(rows[i])
+        lengths = torch.tensor([len(rows[i]) for i in live])  # [B']
+        key_mask = torch.arange(L)[None, :] >= (L - lengths)[:, None]  # [B', L]
+        positions = (key_mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # [B', L]
+        logits = model.logits(model.hidden(ids, positions, key_mask)[:, -1]).float()  # [B', V]
+        tok = choose_tokens(logits, uniforms[live, t], greedy_t[live], temperature=temperature, top_p=top_p)
+        logp = F.log_softmax(logits, dim=-1).gather(-1, tok[:, None]).squeeze(-1)  # [B']
+        for j, i in enumerate(live):
+            out[i].token_ids.append(int(tok[j]))
+            out[i].logprobs.append(float(logp[j]))
+            rows[i].append(int(tok[j]))
+        live = [i for i in live if out[i].token_ids[-1] not in stop_ids]
+        if not live:
+            break
+    return out

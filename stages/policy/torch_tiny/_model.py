@@ -1,0 +1,187 @@
+"""A small decoder-only transformer (pre-norm GPT, tied embeddings) with a preallocated KV cache.
+
+One forward serves three callers: batched prefill + cached decoding (`_generate.py`), and the learner's
+`completion_logprobs`. Rows of a batch may be left-padded: `key_mask` marks real tokens, and `positions`
+count real tokens only, so a padded row computes what it would compute alone (up to float rounding).
+
+Log-prob convention: `completion_logprobs` is the model's log-softmax at temperature 1 over the whole
+vocabulary, the same quantity `generate` records for each sampled token, so the importance ratio
+`exp(new - old)` is exactly 1 (up to float rounding) while the weights are unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    vocab_size: int
+    pad_id: int
+    layers: int = 4
+    d_model: int = 128
+    heads: int = 4
+    max_len: int = 256
+    """Longest prompt + completion; prompts are built to fit (see `_prompt.py`)."""
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class KVCache:
+    """Keys and values of every layer for a batch, preallocated to `size` positions."""
+
+    k: torch.Tensor  # [L, B, H, S, Dh]
+    v: torch.Tensor  # [L, B, H, S, Dh]
+
+    @classmethod
+    def empty(cls, cfg: ModelConfig, batch: int, size: int) -> KVCache:
+        shape = (cfg.layers, batch, cfg.heads, size, cfg.d_model // cfg.heads)
+        return cls(torch.zeros(shape), torch.zeros(shape))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.heads = cfg.heads
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(), nn.Linear(4 * cfg.d_model, cfg.d_model)
+        )
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, T, D]
+        allowed: torch.Tensor | None,  # [B, 1, T, S] bool, None = plain causal (S == T)
+        cache: tuple[torch.Tensor, torch.Tensor] | None,  # ([B, H, S_max, Dh], [B, H, S_max, Dh])
+        start: int,
+    ) -> torch.Tensor:
+        B, T, D = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(D, dim=-1)  # 3 x [B, T, D]
+        q, k, v = (t.view(B, T, self.heads, D // self.heads).transpose(1, 2) for t in (q, k, v))  # [B,H,T,Dh]
+        if cache is not None:
+            cache[0][:, :, start : start + T] = k
+            cache[1][:, :, start : start + T] = v
+            k, v = cache[0][:, :, : start + T], cache[1][:, :, : start + T]  # [B, H, S, Dh]
+        if allowed is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, Dh]
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)  # [B, H, T, Dh]
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, D))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyLM(nn.Module):
+    """Decoder-only LM; also the learner's `TrainableModel` (see `completion_logprobs`)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.d_model % cfg.heads:
+            raise ValueError(f"d_model ({cfg.d_model}) must be a multiple of heads ({cfg.heads})")
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.max_len, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.apply(self._init)
+        for block in self.blocks:  # GPT-2: scale residual projections by depth
+            nn.init.normal_(block.proj.weight, std=0.02 / math.sqrt(2 * cfg.layers))
+
+    @staticmethod
+    def _init(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def hidden(
+        self,
+        ids: torch.Tensor,  # [B, T]
+        positions: torch.Tensor,  # [B, T]
+        key_mask: torch.Tensor | None = None,  # [B, start + T] bool, True on real tokens
+        cache: KVCache | None = None,
+        start: int = 0,
+    ) -> torch.Tensor:
+        """Final-layer states [B, T, D] of `ids` placed at cache columns start..start+T-1."""
+        T = ids.shape[1]
+        allowed = None
+        if key_mask is not None or start > 0:
+            allowed = attention_mask(key_mask, T, start, ids.device)  # [B, 1, T, start + T]
+        x = self.tok_emb(ids) + self.pos_emb(positions)  # [B, T, D]
+        for layer, block in enumerate(self.blocks):
+            kv = None if cache is None else (cache.k[layer], cache.v[layer])
+            x = block(x, allowed, kv, start)
+        return self.ln_f(x)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """[..., D] -> [..., V] (the output head is the token embedding, transposed)."""
+        return h @ self.tok_emb.weight.T
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, T, V] of unpadded (or right-padded) `ids` [B, T] without a cache."""
+        if positions is None:
+            positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        return self.logits(self.hidden(ids, positions))
+
+    def completion_logprobs(
+        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs [N, T] (temperature 1, full vocabulary) of each completion token, and its mask [N, T].
+
+        Sequences are right-padded, so each row's positions are 0..len-1 as in generation, and the head
+        is applied only at the positions that predict a completion token.
+        """
+        if len(prompts) != len(completions):
+            raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+        seqs = [[*p, *c] for p, c in zip(prompts, completions, strict=True)]
+        if any(len(s) > self.cfg.max_len for s in seqs):
+            raise ValueError(f"a prompt + completion is longer than max_len={self.cfg.max_len}")
+        N, L = len(seqs), max(len(s) for s in seqs)
+        T = max(1, max(len(c) for c in completions))
+        device = self.tok_emb.weight.device
+        ids = torch.full((N, L), self.cfg.pad_id, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        start = torch.tensor([len(p) for p in prompts])  # [N] first completion index
+        lengths = torch.tensor([len(c) for c in completions])  # [N]
+        t = torch.arange(T)  # [T]
+        mask = t[None, :] < lengths[:, None]  # [N, T]
+        targets_at = (start[:, None] + t[None, :]).clamp(max=L - 1)  # [N, T]
+        predict_at = (targets_at - 1).clamp(min=0)  # [N, T] the position whose output scores the target
+        ids, targets_at, predict_at = ids.to(device), targets_at.to(device), predict_at.to(device)
+        h = self.hidden(ids, torch.arange(L, device=device).expand(N, L))  # [N, L, D]
+        h = h.gather(1, predict_at[..., None].expand(-1, -1, h.shape[-1]))  # [N, T, D]
+        logp = F.log_softmax(self.logits(h).float(), dim=-1)  # [N, T, V]
+        targets = ids.gather(1, targets_at)  # [N, T]
+        token_logp = logp.gather(-1, targets[..., None]).squeeze(-1)  # [N, T]
+        mask = mask.to(device=device, dtype=token_logp.dtype)
+        return token_logp * mask, mask
+
+
+def attention_mask(key_mask: torch.Tensor | None, T: int, start: int, device: torch.device) -> torch.Tensor:
+    """Which keys each of T queries (at columns start..start+T-1) may attend: [B or 1, 1, T, start + T].
+
+    Causal, never a padding key, but always itself, so a padding query's softmax is never empty.
+    """
+    S = start + T
+    q_col = torch.arange(start, S, device=device)[:, None]  # [T, 1]
+    k_col = torch.arange(S, device=device)[None, :]  # [1, S]
+    causal = k_col <= q_col  # [T, S]
+    if key_mask is None:
+        return causal[None, None]  # [1, 1, T, S]
+    allowed = causal[None] & key_mask[:, None, :S]  # [B, T, S]
+    return (allowed | (k_col == q_col)[None])[:, None]  # [B, 1, T, S]

@@ -1,0 +1,89 @@
+"""Prompt building (context -> token ids) and action parsing (generated text -> action string).
+
+Prompt layout, one line per piece for reading (the model sees section markers, not newlines):
+
+    <bos> <task> put a clean mug in cabinet 1
+    <obs> {observation t-2, first `max_obs_tokens` words} <act> {action t-2}
+    <obs> {observation t-1} <act> {action t-1}
+    <obs> {observation t}
+    [<cmds> {command} <sep> {command} ...]          only with show_admissible
+    <act>
+
+and the completion is `{action} <eos>`. Behaviour cloning trains on exactly these prompts, so what the
+model sees at act time is what it was trained on. When a prompt would exceed `max_prompt_tokens`, the
+oldest history pairs go first, then trailing admissible commands, then the current observation's tail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rapidfuzz import fuzz, process, utils
+
+from stages.policy.base import AgentContext
+
+from ._tokenizer import WordTokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class PromptFormat:
+    tokenizer: WordTokenizer
+    history: int = 2
+    """Earlier (observation, action) pairs shown, most recent last."""
+    show_admissible: bool = False
+    max_obs_tokens: int = 40
+    """Words kept from each observation (its beginning)."""
+    max_prompt_tokens: int = 200
+
+    def build(self, ctx: AgentContext) -> list[int]:
+        tok = self.tokenizer
+        head = [tok.bos_id, tok.task_id, *tok.encode(ctx.task)]
+        obs = [tok.obs_id, *self._observation(ctx.observation)]
+        shown = ctx.history[-self.history :] if self.history > 0 else ()
+        pairs = [[tok.obs_id, *self._observation(o), tok.act_id, *tok.encode(a)] for o, a in shown]
+        cmds = [[tok.sep_id, *tok.encode(c)] for c in ctx.admissible] if self.show_admissible else []
+        if cmds:
+            cmds[0][0] = tok.cmds_id
+        tail = [tok.act_id]
+
+        def size() -> int:
+            return len(head) + sum(map(len, pairs)) + len(obs) + sum(map(len, cmds)) + len(tail)
+
+        while pairs and size() > self.max_prompt_tokens:
+            pairs.pop(0)
+        while cmds and size() > self.max_prompt_tokens:
+            cmds.pop()
+        excess = size() - self.max_prompt_tokens
+        if excess > 0:
+            obs = obs[: max(1, len(obs) - excess)]
+        ids = [*head, *(t for p in pairs for t in p), *obs, *(t for c in cmds for t in c), *tail]
+        if len(ids) > self.max_prompt_tokens:  # only a task text longer than the budget gets here
+            ids = [*ids[: self.max_prompt_tokens - 1], *tail]
+        return ids
+
+    def completion(self, action: str) -> list[int]:
+        """Target ids of an action: its words then `<eos>`."""
+        return [*self.tokenizer.encode(action), self.tokenizer.eos_id]
+
+    def _observation(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)[: self.max_obs_tokens]
+
+
+def parse_action(text: str, admissible: Sequence[str], *, fuzzy_cutoff: float = 75.0) -> str:
+    """Map generated text to the action the environment receives.
+
+    Exact match among `admissible` -> the closest admissible command by normalised Levenshtein
+    similarity (`rapidfuzz.fuzz.ratio` on lower-cased, punctuation-stripped text) scoring at least
+    `fuzzy_cutoff` (0-100) -> the raw first line, stripped (an invalid command the env treats as a no-op).
+    """
+    raw = text.strip().split("\n", 1)[0].strip()
+    if raw in admissible:
+        return raw
+    if admissible and raw:
+        match = process.extractOne(
+            raw, admissible, scorer=fuzz.ratio, processor=utils.default_process, score_cutoff=fuzzy_cutoff
+        )
+        if match is not None:
+            return match[0]
+    return raw

@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+import torch
+
+from stages.policy.torch_tiny import TinyLM, generate
+from stages.policy.torch_tiny._generate import choose_tokens, generate_uncached
+from stages.policy.torch_tiny._server import request_uniforms
+
+PROMPTS = [[1, 5, 11, 12, 13, 7], [1, 5, 14, 7], [1, 5, 15, 16, 17, 18, 19, 7]]
+
+
+def _run(model: TinyLM, prompts, fn=generate, *, seed=0, greedy=False, temperature=1.0, top_p=1.0):
+    uniforms = torch.stack([request_uniforms(seed, i, 6) for i in range(len(prompts))])
+    return fn(
+        model,
+        prompts,
+        uniforms=uniforms,
+        greedy=[greedy] * len(prompts),
+        max_new_tokens=6,
+        temperature=temperature,
+        top_p=top_p,
+        stop_ids=(2, 4),
+    )
+
+
+def test_choose_tokens_greedy_and_top_p() -> None:
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.9]])
+    u = torch.tensor([0.99, 0.99])
+    assert choose_tokens(logits, u, torch.tensor([True, True]), temperature=1.0, top_p=1.0).tolist() == [1, 0]
+    # A tiny nucleus keeps only the most likely token, whatever the uniform.
+    assert choose_tokens(logits, u, torch.tensor([False, False]), temperature=1.0, top_p=1e-6).tolist() == [
+        1,
+        0,
+    ]
+    # u near 1 picks the least likely token of the full distribution; u = 0 the most likely.
+    assert choose_tokens(logits, u, torch.tensor([False, False]), temperature=1.0, top_p=1.0).tolist() == [
+        0,
+        1,
+    ]
+    zero = torch.zeros(2)
+    assert choose_tokens(logits, zero, torch.tensor([False, False]), temperature=1.0, top_p=1.0).tolist() == [
+        1,
+        0,
+    ]
+
+
+def test_choose_tokens_frequencies_follow_the_distribution() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]])).expand(20000, 3)
+    u = torch.rand(20000, generator=torch.Generator().manual_seed(0))
+    tokens = choose_tokens(logits, u, torch.zeros(20000, dtype=torch.bool), temperature=1.0, top_p=1.0)
+    freq = torch.bincount(tokens, minlength=3).float() / 20000
+    torch.testing.assert_close(freq, torch.tensor([0.5, 0.3, 0.2]), atol=0.015, rtol=0)
+
+
+def test_sampling_is_reproducible_by_seed(model: TinyLM) -> None:
+    a, b, c = _run(model, PROMPTS, seed=7), _run(model, PROMPTS, seed=7), _run(model, PROMPTS, seed=8)
+    assert [s.token_ids for s in a] == [s.token_ids for s in b]
+    assert [s.token_ids for s in a] != [s.token_ids for s in c]
+
+
+def test_a_row_does_not_depend_on_its_batch(model: TinyLM) -> None:
+    together = _run(model, PROMPTS)
+    for i, prompt in enumerate(PROMPTS):
+        uniforms = request_uniforms(0, i, 6)[None]
+        alone = generate(
+            model,
+            [prompt],
+            uniforms=uniforms,
+            greedy=[False],
+            max_new_tokens=6,
+            temperature=1.0,
+            top_p=1.0,
+            stop_ids=(2, 4),
+        )[0]
+        assert alone.token_ids == together[i].token_ids
+        torch.testing.assert_close(
+            torch.tensor(alone.logprobs), torch.tensor(together[i].logprobs), atol=1e-5, rtol=0
+        )
+
+
+def test_kv_cache_generation_equals_uncached(model: TinyLM) -> None:
+    for kwargs in ({"greedy": True}, {"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9}):
+        cached, uncached = _run(model, PROMPTS, **kwargs), _run(model, PROMPTS, generate_uncached, **kwargs)
+        assert [s.token_ids for s in cached] == [s.token_ids for s in uncached]
+        for x, y in zip(cached, uncached, strict=True):
+            torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5, rtol=0)
+
+
+def test_generation_runs_to_max_new_tokens_or_a_stop_token(model: TinyLM) -> None:
+    for s in _run(model, PROMPTS, seed=1):
+        assert len(s.token_ids) == len(s.logprobs)
+        stops = [j for j, t in enumerate(s.token_ids) if t in (2, 4)]
+        assert stops == [len(s.token_ids) - 1] if stops else len(s.token_ids) == 6
+
+
+def test_generation_stops_at_the_first_stop_token(model: TinyLM) -> None:
+    with torch.no_grad():  # every final state becomes token 4's embedding (long), so 4 wins the argmax
+        model.tok_emb.weight[4] *= 50
+        model.ln_f.weight.zero_()
+        model.ln_f.bias.copy_(model.tok_emb.weight[4])
+    assert [s.token_ids for s in _run(model, PROMPTS, greedy=True)] == [[4], [4], [4]]
+
+
+def test_ratio_is_one_at_unchanged_weights(model: TinyLM) -> None:
+    """The learner's log-probs of sampled completions equal the recorded ones (temperature 1)."""
+    samples = _run(model, PROMPTS, seed=3)
+    logp, mask = model.completion_logprobs(PROMPTS, [s.token_ids for s in samples])
+    old = torch.zeros_like(logp)
+    for i, s in enumerate(samples):
+        old[i, : len(s.logprobs)] = torch.tensor(s.logprobs)
+    ratio = torch.exp((logp.detach() - old) * mask)
+    torch.testing.assert_close(ratio, torch.ones_like(ratio), atol=1e-5, rtol=0)
