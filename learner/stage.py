@@ -132,5 +132,5 @@ class LearnerStage:
 
     def _update(self, batch: list[GroupResult], profiler: Any) -> tuple[dict[str, Any], dict[str, float]]:
         """Runs in the worker thread: its CPU time is attributed to the learner stage."""
-        profiler.bind_thread("learner")
-        return self.trainer.update(batch)
+        with profiler.bind_thread("learner"):
+            return self.trainer.update(batch)
