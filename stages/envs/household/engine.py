@@ -15,13 +15,14 @@ builds the admissible list from precomputed strings.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
 from ..base import Observation, StepResult, Task
 from . import text as T
 from .catalog import LAMP, RECEPTACLE_KINDS, ROOM_KINDS
-from .grammar import parse_command
+from .grammar import Command, parse_command
 from .world import Layout, TaskSpec
 
 CLEAN, HOT, COOL = 1, 2, 4
@@ -80,7 +81,7 @@ def _layout_strings(layout: Layout) -> _LayoutStrings:
 class HouseholdEnv:
     """An `Environment` over household tasks; `resolve` maps a Task to its TaskSpec (the suite's lookup)."""
 
-    def __init__(self, resolve, max_steps: int = 30) -> None:
+    def __init__(self, resolve: Callable[[Task], TaskSpec] | None, max_steps: int = 30) -> None:
         self._resolve = resolve
         self.max_steps = max_steps
         self._spec: TaskSpec | None = None
@@ -89,6 +90,8 @@ class HouseholdEnv:
     # -- episode -------------------------------------------------------------------------------------
 
     def reset(self, task: Task) -> Observation:
+        if self._resolve is None:
+            raise RuntimeError("this env was built without a task lookup; use reset_spec()")
         return self.reset_spec(self._resolve(task))
 
     def reset_spec(self, spec: TaskSpec) -> Observation:
@@ -146,7 +149,7 @@ class HouseholdEnv:
     def _visible(self, rec: int) -> bool:
         return self._is_open[rec] or not self._s.openable[rec]
 
-    def _apply(self, command) -> str | None:
+    def _apply(self, command: Command) -> str | None:
         """Carry out `command` if it is possible now and return its feedback; None if it is not."""
         verb, first, second, preposition = command
         s = self._s
