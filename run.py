@@ -56,7 +56,10 @@ def main(argv: list[str] | None = None) -> int:
             result = trio.run(run_job, cfg)
             print(f"\nrun folder: {result.run_dir}\n")
             print((result.run_dir / "summary.md").read_text())
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, BaseExceptionGroup) as exc:
+        # Trio delivers Ctrl-C inside the root nursery, so it may arrive wrapped in an exception group.
+        if isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt) is None:
+            raise
         print("\nrun.py: interrupted; every stage was cancelled and closed", file=sys.stderr)
         return 130
     return 0

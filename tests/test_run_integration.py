@@ -1,0 +1,110 @@
+"""The whole pipeline on a tiny budget: cuts happen, freed slots are backfilled, the learner updates,
+and no cut group ever reaches the learner. Also the CLI's exit codes and a clean Ctrl-C."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from pipeline.job import load, run_job
+from pipeline.progress import Progress
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY = [
+    "env.max_steps=8",
+    "env.train_tasks=64",
+    "rollout.group_size=4",
+    "rollout.slots=16",
+    "learner.batch_groups=2",
+    "learner.drop_zero_variance=false",
+    "learner.max_staleness=1",
+    "run.updates=2",
+    "run.max_wall_s=50",
+    "eval.tasks=4",
+    "pretrain.demos=24",
+    "pretrain.epochs=1",
+    "policy.max_new_tokens=10",
+    "policy.options={layers = 1, d_model = 32, heads = 2, max_len = 128, max_prompt_tokens = 100, bc_eval_tasks = 0}",
+]
+
+
+def _tiny(tmp_path: Path, *extra: str) -> list[str]:
+    return TINY + [f'run.out="{tmp_path}/runs"', f'policy.cache_dir="{tmp_path}/cache"', *extra]
+
+
+@pytest.mark.slow
+async def test_pipeline_cuts_backfills_and_trains_on_a_tiny_budget(tmp_path):
+    cfg = load(None, _tiny(tmp_path, 'gate.name="tests.plugin_gates:CutEvenGroups"', "gate.k=1"))
+    started = time.perf_counter()
+    result = await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
+    assert time.perf_counter() - started < 60
+    summary = result.summary
+    assert summary["groups_cut"] >= 1
+    assert summary["groups_backfilled"] >= 1
+    assert summary["learner_updates"] >= 1
+    assert summary["cut_groups_reaching_learner"] == 0
+    outcome = result.outcome
+    assert set(outcome.learner.counters.trained_group_ids).isdisjoint(outcome.tally.cut_group_ids)
+    assert outcome.learner.counters.cut_groups_refused == 0
+
+    run_dir = result.run_dir
+    for name in ("config.toml", "metrics.jsonl", "events.jsonl", "summary.md", "summary.json", "checkpoints/policy.pt"):
+        assert (run_dir / name).exists(), name
+    written = json.loads((run_dir / "summary.json").read_text())
+    for key in ("groups_admitted", "groups_cut", "groups_trained", "zero_variance_fraction", "gate_precision",
+                "gate_recall", "slot_occupancy", "env_steps", "learner_updates", "heldout_success_before",
+                "heldout_success_after", "wall_s"):
+        assert key in written, key
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == list(range(1, len(rows) + 1))
+    assert load(run_dir / "config.toml", []) == cfg
+
+
+@pytest.mark.slow
+async def test_shadow_mode_cuts_nothing_and_scores_decisions(tmp_path):
+    cfg = load(None, _tiny(tmp_path, 'gate.name="tests.plugin_gates:CutEvenGroups"', "gate.k=1", "gate.shadow=true", "run.updates=3"))
+    result = await run_job(cfg, progress=Progress(3, enabled=False))
+    assert result.summary["groups_cut"] == 0
+    assert result.outcome.tally.shadow_cancels >= 1
+    ledger = result.outcome.gate.ledger
+    assert ledger.true_positive + ledger.false_positive >= 1  # even groups were flagged and scored
+    assert result.summary["gate_precision"] == ledger.precision()
+
+
+def test_bad_config_exits_2_and_lists_every_problem(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "run.py", "check", "--set", "gate.tau=-1", "--set", "env.name=nowhere", "--set", "allocator.name=zzz"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    for fragment in ("gate.tau must be >= 0", "env.name: unknown envs 'nowhere'", "allocator.name"):
+        assert fragment in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_cleanly_within_five_seconds(tmp_path):
+    args = [sys.executable, "run.py", *[a for s in _tiny(tmp_path, "gate.k=4", "run.updates=1000", "run.max_wall_s=300") for a in ("--set", s)]]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=os.environ | {"PYTHONUNBUFFERED": "1"})
+    try:
+        # wait until the GRPO phase is running (its banner line), then interrupt
+        deadline = time.monotonic() + 120
+        for line in proc.stderr:
+            if line.startswith("GRPO:") or time.monotonic() > deadline:
+                break
+        time.sleep(2.0)
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        proc.wait(timeout=15)
+        assert time.monotonic() - sent < 5.0
+        assert proc.returncode == 130, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
