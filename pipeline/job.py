@@ -114,7 +114,7 @@ async def run_job(cfg: RunConfig, *, progress: Progress | None = None) -> JobRes
         )
         trainer = Trainer(policy.trainable(), cfg.learner, LOSSES.get(cfg.learner.loss), seed=cfg.run.seed)
         observers = [build_stage(spec.target, spec.options) for spec in cfg.stages]
-        profiler = Profiler(enabled=cfg.profile.enabled, gpu_sample_hz=cfg.profile.gpu_sample_hz)
+        profiler = Profiler.from_config(cfg.profile, thread_cpu=cfg.profile.thread_cpu, gpu_stages=cfg.profile.gpu_stages)
         metrics = MetricsWriter(run_dir)
         progress.message(
             f"GRPO: {cfg.run.updates} updates x {cfg.learner.batch_groups} groups, G={cfg.rollout.group_size}, "
