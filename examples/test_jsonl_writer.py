@@ -29,13 +29,13 @@ async def test_writer_stage_writes_every_group(tmp_path):
             with trio.fail_after(10):
                 # PUB/SUB joins asynchronously: publish until the subscriber has seen the first group
                 gid = 0
-                while stage.written == 0:
+                while stage.written == 0:  # noqa: ASYNC110 (polling while publishing is the point)
                     await pub.send(_group(gid))
                     gid += 1
                     await trio.sleep(0.01)
                 await pub.send(WeightsPublished(version=1, groups_trained=1, published_at=0.0))
                 await pub.send(_group(1000))
-                while stage.written < 2:
+                while stage.written < 2:  # noqa: ASYNC110
                     await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
     rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]

@@ -223,11 +223,11 @@ class Socket(Generic[T]):
         """Wait for at least one frame, then drain up to `max_messages` without yielding in between."""
         out: list[T] = []
         while not out:
-            frame = self._recv_nowait()
-            if frame is None:
+            first = self._recv_nowait()
+            if first is None:
                 await self._wait(zmq.POLLIN)
                 continue
-            for frame in self._drain(frame, max_messages):
+            for frame in self._drain(first, max_messages):
                 message = self._decode(frame)
                 if message is not _DROPPED:
                     out.append(message)

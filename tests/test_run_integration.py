@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-import trio
 
 from pipeline.job import load, run_job
 from pipeline.progress import Progress
