@@ -22,7 +22,7 @@ import torch
 from stages.envs.base import EnvSuite
 
 from ._model import ModelConfig, TinyLM
-from ._pretrain import Demo, GroupComposition, collect_demos, rollout_lockstep, train_bc
+from ._pretrain import Demo, GroupComposition, collect_demos, pack_episode, rollout_lockstep, train_bc
 from ._prompt import PromptFormat
 from ._server import SamplingConfig, TorchTinyPolicy
 from ._tokenizer import WordTokenizer
@@ -42,11 +42,11 @@ class TinyOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     d_model: int = 128
     heads: int = 4
     max_len: int = 256
-    history: int = 2
-    """Earlier (observation, action) pairs in the prompt."""
+    history: int = 8
+    """Most earlier (observation, action) pairs in the prompt (the oldest go first to fit the budget)."""
     show_admissible: bool = False
     """List the admissible commands in the prompt (longer prompts; parsing maps to them anyway)."""
-    max_obs_tokens: int = 48
+    max_obs_tokens: int = 64
     max_prompt_tokens: int = 200
     fuzzy_cutoff: float = 75.0
     """rapidfuzz ratio (0-100) a generated command needs to be mapped to an admissible one."""
@@ -56,7 +56,7 @@ class TinyOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """torch threads while behaviour cloning (0 = leave torch's setting alone)."""
     bc_max_updates: int = 0
     """Stop BC after this many optimizer steps (0 = all epochs): the deliberate under-training knob."""
-    bc_eval_tasks: int = 50
+    bc_eval_tasks: int = 32
     """Held-out tasks per split for the greedy success reported after BC (0 = skip)."""
     bc_group_tasks: int = 0
     """Train tasks sampled G=8 times (temperature 1) to report the group composition after BC (0 = skip)."""
@@ -129,9 +129,10 @@ def warm_start(
     Returns the BC report (losses, wall time, held-out success, group composition).
     """
     demo_tasks = list(suite.tasks("train"))[: pretrain.demos]
-    demos, failed = collect_demos(suite, demo_tasks, fmt)
+    episodes, failed = collect_demos(suite, demo_tasks, fmt)
     if failed:
         log.warning("policy.bc.expert_failed", tasks=failed, of=len(demo_tasks))
+    demos = [d for episode in episodes for d in episode]
     key = cache_key(suite, fmt, model.cfg, opts, pretrain, seed, demos)
     path = cache_dir / f"torch_tiny-{suite.name}-{key[:16]}.pt"
     if path.exists():
@@ -141,8 +142,15 @@ def warm_start(
         log.info("policy.bc.cache_hit", path=str(path), **report)
         return report
 
+    packs = [p for episode in episodes for p in pack_episode(episode)]
     log.info(
-        "policy.bc.start", demos=len(demos), tasks=len(demo_tasks), epochs=pretrain.epochs, path=str(path)
+        "policy.bc.start",
+        steps=len(demos),
+        tasks=len(demo_tasks),
+        sequences=len(packs),
+        tokens=sum(len(p.ids) for p in packs),
+        epochs=pretrain.epochs,
+        path=str(path),
     )
     previous_threads = torch.get_num_threads()
     if opts.bc_threads > 0:
@@ -151,7 +159,7 @@ def warm_start(
         started = time.perf_counter()
         losses = train_bc(
             model,
-            demos,
+            packs,
             epochs=pretrain.epochs,
             lr=pretrain.lr,
             batch_size=pretrain.batch_size,

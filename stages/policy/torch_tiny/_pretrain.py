@@ -1,11 +1,16 @@
 """Behaviour cloning on expert demonstrations, and a fast synchronous lockstep evaluator.
 
 `collect_demos` replays the suite's expert plan on each task and records, per step, the prompt built
-exactly as `act()` builds it and the expert's action as the target. `train_bc` minimises the completion
-tokens' negative log-likelihood, computed with the same `completion_logprobs` the learner uses.
+exactly as `act()` builds it and the expert's action as the target.
+
+Prefix packing: within an episode, step t+1's prompt usually *extends* step t's prompt plus its action
+(the history window has not started sliding yet), so the steps are packed into one sequence with a
+target at every action token (and `<eos>` after each action's last token). Because attention is causal
+and every prompt starts at position 0, the packed loss equals the sum of the per-step completion losses
+(`completion_logprobs`), in one forward pass over ~4x fewer tokens.
 
 `rollout_lockstep` plays many episodes in lockstep with one batched `generate` per step, without Trio;
-it is what BC uses to report held-out success (greedy) and the group composition at G samples per task.
+BC uses it to report held-out success (greedy) and the group composition at G samples per task.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 
 import structlog
 import torch
+import torch.nn.functional as F
 
 from stages.envs.base import EnvSuite, Task
 from stages.policy.base import AgentContext
@@ -36,38 +42,88 @@ class Demo:
     """The expert action's ids followed by `<eos>`."""
 
 
-def collect_demos(suite: EnvSuite, tasks: Sequence[Task], fmt: PromptFormat) -> tuple[list[Demo], int]:
-    """One `Demo` per expert step over `tasks`; also returns how many expert plans did not win."""
-    demos: list[Demo] = []
+def collect_demos(suite: EnvSuite, tasks: Sequence[Task], fmt: PromptFormat) -> tuple[list[list[Demo]], int]:
+    """The expert's steps on each task (one list per episode) and how many expert plans did not win."""
+    episodes: list[list[Demo]] = []
     failed = 0
     env = suite.make()
     try:
         for task in tasks:
             obs = env.reset(task)
             history: list[tuple[str, str]] = []
+            steps: list[Demo] = []
             won = False
             for action in suite.expert(task):
                 ctx = AgentContext(task.description, obs.text, obs.admissible, tuple(history))
-                demos.append(Demo(fmt.build(ctx), fmt.completion(action)))
+                steps.append(Demo(fmt.build(ctx), fmt.completion(action)))
                 step = env.step(action)
                 history.append((obs.text, action))
                 obs, won = step.observation, step.won
                 if step.done:
                     break
+            episodes.append(steps)
             failed += not won
     finally:
         env.close()
-    return demos, failed
+    return episodes, failed
 
 
-def _batches(demos: Sequence[Demo], batch_size: int, gen: torch.Generator) -> list[list[Demo]]:
-    """Shuffled batches of similar prompt length (sorted within windows of 16 batches) to cut padding."""
-    order = torch.randperm(len(demos), generator=gen).tolist()
-    window = 16 * batch_size
-    batches: list[list[Demo]] = []
+@dataclass(slots=True)
+class Packed:
+    """Consecutive steps of one episode in one sequence: `ids[target_pos[k]]` predicts `target_ids[k]`."""
+
+    ids: list[int]
+    target_pos: list[int]
+    target_ids: list[int]
+    steps: int
+
+
+def pack_episode(demos: Sequence[Demo]) -> list[Packed]:
+    """Pack each run of steps whose prompt extends the previous prompt + action into one sequence."""
+    packs: list[Packed] = []
+    for demo in demos:
+        prev = packs[-1] if packs else None
+        if prev is None or demo.prompt[: len(prev.ids)] != prev.ids:
+            prev = Packed([], [], [], 0)
+            packs.append(prev)
+        first = len(demo.prompt) - 1  # the prompt's last position predicts the first completion token
+        prev.target_pos += range(first, first + len(demo.completion))
+        prev.target_ids += demo.completion
+        prev.ids = [*demo.prompt, *demo.completion[:-1]]  # inputs stop before the final <eos> target
+        prev.steps += 1
+    return packs
+
+
+def packed_nll(model: TinyLM, batch: Sequence[Packed]) -> tuple[torch.Tensor, int]:
+    """Summed negative log-likelihood of every target token of `batch`, and how many there are."""
+    device = model.tok_emb.weight.device
+    N, L = len(batch), max(len(p.ids) for p in batch)
+    ids = torch.full((N, L), model.cfg.pad_id, dtype=torch.long)  # [N, L] right-padded
+    for i, p in enumerate(batch):
+        ids[i, : len(p.ids)] = torch.tensor(p.ids)
+    rows = torch.tensor([i for i, p in enumerate(batch) for _ in p.target_pos])  # [K]
+    cols = torch.tensor([c for p in batch for c in p.target_pos])  # [K]
+    targets = torch.tensor([t for p in batch for t in p.target_ids], device=device)  # [K]
+    ids = ids.to(device)
+    h = model.hidden(ids, torch.arange(L, device=device).expand(N, L))  # [N, L, D]
+    logits = model.logits(h[rows.to(device), cols.to(device)]).float()  # [K, V]
+    return F.cross_entropy(logits, targets, reduction="sum"), len(targets)
+
+
+def _batches(packs: Sequence[Packed], steps_per_batch: int, gen: torch.Generator) -> list[list[Packed]]:
+    """Shuffled batches of about `steps_per_batch` demo steps; similar lengths share a batch."""
+    order = torch.randperm(len(packs), generator=gen).tolist()
+    window = 16 * steps_per_batch
+    batches: list[list[Packed]] = []
     for w in range(0, len(order), window):
-        chunk = sorted((demos[i] for i in order[w : w + window]), key=lambda d: len(d.prompt))
-        batches += [chunk[b : b + batch_size] for b in range(0, len(chunk), batch_size)]
+        batch: list[Packed] = []
+        for pack in sorted((packs[i] for i in order[w : w + window]), key=lambda p: len(p.ids)):
+            batch.append(pack)
+            if sum(p.steps for p in batch) >= steps_per_batch:
+                batches.append(batch)
+                batch = []
+        if batch:
+            batches.append(batch)
     perm = torch.randperm(len(batches), generator=gen).tolist()
     return [batches[i] for i in perm]
 
@@ -80,7 +136,7 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
 
 def train_bc(
     model: TinyLM,
-    demos: Sequence[Demo],
+    packs: Sequence[Packed],
     *,
     epochs: int,
     lr: float,
@@ -88,13 +144,14 @@ def train_bc(
     seed: int,
     max_updates: int = 0,
 ) -> list[float]:
-    """AdamW with a short warm-up and cosine decay; returns the mean loss of each epoch.
+    """AdamW with a short warm-up and cosine decay; returns the mean per-token loss of each epoch.
 
-    `max_updates` > 0 stops early after that many optimizer steps (a deliberate under-training knob).
+    `batch_size` counts demo steps (actions) per update. `max_updates` > 0 stops early after that many
+    optimizer steps (a deliberate under-training knob).
     """
     gen = torch.Generator().manual_seed(seed)
-    steps_per_epoch = math.ceil(len(demos) / batch_size)
-    total = epochs * steps_per_epoch if max_updates <= 0 else min(max_updates, epochs * steps_per_epoch)
+    per_epoch = len(_batches(packs, batch_size, torch.Generator().manual_seed(seed)))
+    total = epochs * per_epoch if max_updates <= 0 else min(max_updates, epochs * per_epoch)
     warmup = max(1, min(20, total // 10))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup, total))
@@ -103,21 +160,20 @@ def train_bc(
     step = 0
     started = time.perf_counter()
     for epoch in range(epochs):
-        epoch_loss, seen = 0.0, 0
-        for batch in _batches(demos, batch_size, gen):
-            logp, mask = model.completion_logprobs([d.prompt for d in batch], [d.completion for d in batch])
-            loss = -(logp * mask).sum() / mask.sum()  # mean NLL per completion token
+        epoch_nll, epoch_tokens = 0.0, 0
+        for batch in _batches(packs, batch_size, gen):
+            nll, count = packed_nll(model, batch)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            (nll / count).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
-            epoch_loss += float(loss.detach()) * len(batch)
-            seen += len(batch)
+            epoch_nll += float(nll.detach())
+            epoch_tokens += count
             step += 1
             if step >= total:
                 break
-        losses.append(epoch_loss / max(1, seen))
+        losses.append(epoch_nll / max(1, epoch_tokens))
         log.info(
             "policy.bc.epoch",
             epoch=epoch + 1,

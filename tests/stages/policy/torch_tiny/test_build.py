@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from structlog.testing import capture_logs
+
+from pipeline.config import PolicySection, PretrainSection
+from stages.policy import POLICIES, Policy
+from stages.policy.torch_tiny import TorchTinyPolicy, build_policy
+from tests.stages.policy.fake_suite import FindSuite
+
+TINY = {"layers": 1, "d_model": 16, "heads": 2, "max_len": 64, "max_prompt_tokens": 48, "bc_eval_tasks": 4}
+
+
+def _cfg(tmp_path, **options: object) -> PolicySection:
+    return PolicySection(max_new_tokens=8, cache_dir=str(tmp_path), options={**TINY, **options})
+
+
+PRETRAIN = PretrainSection(demos=8, epochs=1, lr=1e-3, batch_size=8)
+
+
+def test_registered_backend_builds_a_policy(tmp_path) -> None:
+    build = POLICIES.get("torch_tiny")
+    policy = build(_cfg(tmp_path), PretrainSection(enabled=False), FindSuite(), seed=0)
+    assert isinstance(policy, TorchTinyPolicy)
+    assert isinstance(policy, Policy)
+    assert policy.version == 0
+    assert list(tmp_path.iterdir()) == []  # no BC, nothing cached
+
+
+def test_bc_checkpoint_is_cached_and_reused(tmp_path) -> None:
+    with capture_logs() as first_logs:
+        first = build_policy(_cfg(tmp_path), PRETRAIN, FindSuite(), seed=0)
+    events = [e["event"] for e in first_logs]
+    assert "policy.bc.start" in events
+    assert "policy.bc.done" in events
+    done = next(e for e in first_logs if e["event"] == "policy.bc.done")
+    assert 0.0 <= done["success_heldout_seen"] <= 1.0
+    files = list(tmp_path.glob("torch_tiny-find-*.pt"))
+    assert len(files) == 1
+
+    with capture_logs() as second_logs:
+        second = build_policy(_cfg(tmp_path), PRETRAIN, FindSuite(), seed=0)
+    assert [e["event"] for e in second_logs if e["event"].startswith("policy.bc")] == ["policy.bc.cache_hit"]
+    for a, b in zip(first.model.state_dict().values(), second.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_cache_key_follows_what_changes_the_weights(tmp_path) -> None:
+    build_policy(_cfg(tmp_path), PRETRAIN, FindSuite(), seed=0)
+    build_policy(_cfg(tmp_path, threads=2), PRETRAIN, FindSuite(), seed=0)  # decoding only: same file
+    assert len(list(tmp_path.glob("*.pt"))) == 1
+    build_policy(_cfg(tmp_path, d_model=32), PRETRAIN, FindSuite(), seed=0)
+    build_policy(_cfg(tmp_path), PRETRAIN, FindSuite(), seed=1)
+    build_policy(
+        _cfg(tmp_path), PretrainSection(demos=8, epochs=2, lr=1e-3, batch_size=8), FindSuite(), seed=0
+    )
+    build_policy(_cfg(tmp_path), PRETRAIN, FindSuite(max_steps=5), seed=0)  # other demos / suite
+    assert len(list(tmp_path.glob("*.pt"))) == 5
+
+
+def test_bad_options_are_refused_with_a_readable_message(tmp_path) -> None:
+    with pytest.raises(ValueError, match="policy.options"):
+        build_policy(_cfg(tmp_path, layerz=2), PRETRAIN, FindSuite(), seed=0)
+    with pytest.raises(ValueError, match="max_len"):
+        build_policy(_cfg(tmp_path, max_prompt_tokens=60), PRETRAIN, FindSuite(), seed=0)

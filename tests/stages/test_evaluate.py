@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import trio
+
+from stages.evaluate import evaluate
+from stages.policy.base import ActResult, AgentContext
+from tests.stages.policy.fake_suite import FindSuite
+
+
+class ScriptedPolicy:
+    """Goes to the place the hint names, then takes the object; `blind` tasks only look around."""
+
+    def __init__(self, blind: str = "") -> None:
+        self.version = 0
+        self.blind = blind
+        self.live = 0
+        self.most_live = 0
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await trio.sleep_forever()
+
+    async def act(self, context: AgentContext, *, greedy: bool = False) -> ActResult:
+        self.live += 1
+        self.most_live = max(self.most_live, self.live)
+        await trio.sleep(0.01)
+        self.live -= 1
+        target = context.task.removeprefix("take the ")
+        if target == self.blind:
+            action = "look"
+        elif not context.history:
+            action = "go to " + context.observation.split(" is on ")[1].rstrip(".")
+        else:
+            action = f"take {target} from {context.history[-1][1].removeprefix('go to ')}"
+        return ActResult(action, action, [], [], [], self.version)
+
+    def load_weights(self, version: int, state: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+    def trainable(self) -> Any:
+        raise NotImplementedError
+
+
+async def test_success_per_family_and_steps() -> None:
+    suite = FindSuite(max_steps=4, per_split=20)
+    report = await evaluate(ScriptedPolicy(), suite, suite.tasks("heldout_seen"))
+    assert report.success == 1.0
+    assert report.per_family == {"find": 1.0}
+    assert report.mean_steps == 2.0
+    assert len(report.episodes) == 20
+
+
+async def test_failures_count_and_run_to_the_step_limit() -> None:
+    suite = FindSuite(max_steps=4, per_split=20)  # seen objects cycle apple, book, key, cup
+    report = await evaluate(ScriptedPolicy(blind="key"), suite, suite.tasks("heldout_seen"))
+    assert report.success == 0.75
+    assert report.mean_steps == 0.75 * 2 + 0.25 * 4
+    assert {e.task_id for e in report.episodes if not e.won} == {
+        t.task_id for t in suite.tasks("heldout_seen") if t.description == "take the key"
+    }
+
+
+async def test_episodes_run_concurrently_up_to_the_limit() -> None:
+    suite = FindSuite(per_split=20)
+    policy = ScriptedPolicy()
+    await evaluate(policy, suite, suite.tasks("train"), concurrency=7)
+    assert policy.most_live == 7
