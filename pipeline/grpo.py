@@ -164,6 +164,9 @@ async def run_grpo(
     steps_send, steps_recv = trio.open_memory_channel[Any](4096)
     results_send, results_recv = trio.open_memory_channel[GroupResult](4 * cfg.learner.batch_groups)
     rollout = RolloutStage(suite, policy, tasks, steps_send, profiler=profiler)
+    attach = getattr(policy, "attach_profiler", None)  # optional: a backend that records its own spans
+    if attach is not None:
+        attach(profiler)
     started = trio.current_time()
     tally.window_started = started
 

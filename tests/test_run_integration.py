@@ -61,6 +61,11 @@ async def test_pipeline_cuts_backfills_and_trains_on_a_tiny_budget(tmp_path):
                 "gate_recall", "slot_occupancy", "env_steps", "learner_updates", "heldout_success_before",
                 "heldout_success_after", "wall_s"):
         assert key in written, key
+    from pipeline.profiling import load_report, validate_trace
+
+    profiled = {row.stage for row in load_report(run_dir).rows}
+    assert {"rollout", "gate", "policy", "learner"} <= profiled
+    assert validate_trace(json.loads((run_dir / "profile.json").read_text())) == []
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == list(range(1, len(rows) + 1))
     assert load(run_dir / "config.toml", []) == cfg

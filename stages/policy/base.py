@@ -79,3 +79,6 @@ class Policy(Protocol):
     def trainable(self) -> TrainableModel:
         """A fresh trainable copy of the current model (for the learner, used off the Trio thread)."""
         ...
+
+    # Optional: `attach_profiler(profiler: pipeline.profiling.Profiler) -> None`. A backend that has it
+    # records its own `policy` spans (generate, weight_load) and binds its worker thread's CPU time.

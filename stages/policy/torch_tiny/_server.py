@@ -30,6 +30,7 @@ import structlog
 import torch
 import trio
 
+from pipeline.profiling import Profiler
 from stages.policy.base import ActResult, AgentContext
 
 from ._generate import generate
@@ -96,6 +97,8 @@ class TorchTinyPolicy:
 
     def __init__(self, model: TinyLM, prompt: PromptFormat, sampling: SamplingConfig, *, seed: int) -> None:
         self.version = 0
+        self.profiler = Profiler(enabled=False)
+        """Replaced by the runtime's profiler (see `attach_profiler`): spans for generate / weight_load."""
         self.prompt = prompt
         self.sampling = sampling
         self._seed = seed
@@ -117,6 +120,9 @@ class TorchTinyPolicy:
     # Policy protocol
 
     async def act(self, context: AgentContext, *, greedy: bool = False) -> ActResult:
+        # A caller whose scope is already cancelled (e.g. during shutdown, after serve() stopped) gets
+        # Cancelled, not PolicyStopped: it is being torn down, not failing.
+        await trio.lowlevel.checkpoint_if_cancelled()
         send = self._send
         if send is None:
             raise PolicyStopped("TorchTinyPolicy.serve() is not running")
@@ -175,6 +181,10 @@ class TorchTinyPolicy:
         with self._pending_lock:
             self._pending = (version, snapshot)
 
+    def attach_profiler(self, profiler: Profiler) -> None:
+        """Record this server's batches (its worker thread's CPU included) as the `policy` stage."""
+        self.profiler = profiler
+
     def trainable(self) -> TinyLM:
         """A deep copy of the serving model with gradients on (waits for a running batch to finish)."""
         with self._model_lock:
@@ -217,19 +227,21 @@ class TorchTinyPolicy:
             torch.set_num_threads(s.threads)
         uniforms = torch.stack([self._uniforms(number, greedy) for _, _, greedy, number in jobs])  # [B, N]
         tok = self.prompt.tokenizer
-        with self._model_lock:
+        with self.profiler.bind_thread("policy"), self._model_lock:
             self._apply_pending()
             version = self.version
-            samples = generate(
+            with self.profiler.span("policy", "generate"):
+                samples = generate(
                 self._model,
-                [prompt for prompt, *_ in jobs],
-                uniforms=uniforms,
-                greedy=[greedy for _, _, greedy, _ in jobs],
-                max_new_tokens=s.max_new_tokens,
-                temperature=s.temperature,
-                top_p=s.top_p,
-                stop_ids=(tok.eos_id, tok.nl_id),
-            )
+                    [prompt for prompt, *_ in jobs],
+                    uniforms=uniforms,
+                    greedy=[greedy for _, _, greedy, _ in jobs],
+                    max_new_tokens=s.max_new_tokens,
+                    temperature=s.temperature,
+                    top_p=s.top_p,
+                    stop_ids=(tok.eos_id, tok.nl_id),
+                )
+            self.profiler.items("policy", len(jobs))
         results = []
         for (prompt, admissible, _, _), sample in zip(jobs, samples, strict=True):
             text = tok.decode(sample.token_ids)
@@ -255,6 +267,7 @@ class TorchTinyPolicy:
             pending, self._pending = self._pending, None
         if pending is not None:
             version, state = pending
-            self._model.load_state_dict(state)
+            with self.profiler.span("policy", "weight_load"):
+                self._model.load_state_dict(state)
             self.version = version
             log.info("policy.weights_loaded", version=version)
