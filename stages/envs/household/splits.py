@@ -139,12 +139,12 @@ def generate_split(split: str, size: int, config: SplitConfig) -> list[TaskSpec]
     return specs
 
 
-def features(spec: TaskSpec, expert_plan: list[str] | None = None) -> dict[str, float]:
-    """Numeric difficulty features of a task (what allocators may condition on)."""
-    commands = plan(spec) if expert_plan is None else expert_plan
+def features(spec: TaskSpec, expert_plan: list[str] | None = None, *, max_steps: int = 30) -> dict[str, float]:
+    """Numeric difficulty features of a task (what allocators may condition on); `max_steps` as the expert's."""
+    commands = plan(spec, max_steps=max_steps) if expert_plan is None else expert_plan
     layout = spec.layout
     openable = [RECEPTACLE_KINDS[kind].openable for kind in layout.kinds]
-    goal_names = {name for name, _ in goal_instances(spec)}
+    goal_names = {name for name, _ in goal_instances(spec, max_steps=max_steps)}
     goal_kind_count = sum(1 for name, _ in spec.objects if name.split(" ", 1)[0] == spec.goal_kind)
     return {
         "family_index": float(FAMILIES.index(spec.family)),

@@ -67,11 +67,11 @@ class HouseholdSuite:
         if split in self._tasks:
             return
         specs = generate_split(split, self.sizes[split], self.config)
-        plans = [plan(spec) for spec in specs]
+        plans = [plan(spec, max_steps=self.max_steps) for spec in specs]
         self._specs[split] = specs
         self._plans[split] = plans
         self._tasks[split] = [
-            Task(f"household/{split}/{i:06d}", spec.family, spec.description, split, features(spec, commands))
+            Task(f"household/{split}/{i:06d}", spec.family, spec.description, split, features(spec, commands, max_steps=self.max_steps))
             for i, (spec, commands) in enumerate(zip(specs, plans, strict=True))
         ]
 
