@@ -1,0 +1,157 @@
+"""The rollout stage: a cut cancels the whole group at once, closes every episode, abandons in-flight
+policy calls; a failing environment fails only its own trajectory."""
+
+import pytest
+import trio
+
+from pipeline.messages import GroupClosed, GroupOpened, RolloutFailed, StepEvent, TrajectoryStatus
+from pipeline.profiling import Profiler
+from stages.envs.base import Observation, StepResult, Task
+from stages.policy.base import ActResult
+from stages.rollout import RolloutStage
+
+TASK = Task(task_id="t0", family="demo", description="count to ten", split="train")
+
+
+class CountingEnv:
+    """Wins after `win_at` steps; raises on reset if told to; records that it was closed."""
+
+    def __init__(self, registry, win_at=3, fail_reset=False):
+        self.registry = registry
+        self.win_at = win_at
+        self.fail_reset = fail_reset
+        self.steps = 0
+        self.closed = False
+        registry.append(self)
+
+    def reset(self, task):
+        if self.fail_reset:
+            raise RuntimeError("the room is on fire")
+        return Observation(text="start", admissible=("count",))
+
+    def step(self, action):
+        self.steps += 1
+        won = self.steps >= self.win_at
+        return StepResult(Observation(text=f"at {self.steps}", admissible=("count",)), float(won), won, won)
+
+    def close(self):
+        self.closed = True
+
+
+class Suite:
+    name = "demo"
+
+    def __init__(self, max_steps=30, win_at=3, failing=()):
+        self.max_steps = max_steps
+        self.win_at = win_at
+        self.failing = set(failing)
+        self.envs = []
+
+    def make(self):
+        return CountingEnv(self.envs, self.win_at, fail_reset=len(self.envs) in self.failing)
+
+
+class SlowPolicy:
+    """Answers every act() after `delay` seconds; counts abandoned calls."""
+
+    version = 7
+
+    def __init__(self, delay=1.0):
+        self.delay = delay
+        self.abandoned = 0
+
+    async def act(self, context, *, greedy=False):
+        try:
+            await trio.sleep(self.delay)
+        except trio.Cancelled:
+            self.abandoned += 1
+            raise
+        return ActResult(action="count", text="count", prompt_ids=[1], token_ids=[2], logprobs=[-0.1], policy_version=self.version)
+
+
+def _stage(suite, policy):
+    send, receive = trio.open_memory_channel(1000)
+    return RolloutStage(suite, policy, {TASK.task_id: TASK}, send, profiler=Profiler(enabled=False)), receive
+
+
+def _drain(receive):
+    out = []
+    while True:
+        try:
+            out.append(receive.receive_nowait())
+        except trio.WouldBlock:
+            return out
+
+
+async def test_a_complete_group_streams_every_step(autojump_clock):
+    suite = Suite(win_at=3)
+    stage, receive = _stage(suite, SlowPolicy())
+    result = await stage.run_group(1, "t0", 4)
+    assert not result.cut
+    assert [t.status for t in result.trajectories] == [TrajectoryStatus.COMPLETE] * 4
+    assert all(t.success and t.reward == 1.0 and len(t.turns) == 3 for t in result.trajectories)
+    events = _drain(receive)
+    assert isinstance(events[0], GroupOpened) and isinstance(events[-1], GroupClosed)
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    assert len(steps) == 12 and sum(e.done for e in steps) == 4
+    assert all(e.policy_version == 7 for e in steps)
+    assert all(env.closed for env in suite.envs)
+
+
+async def test_cancel_cuts_the_group_at_once_and_closes_every_episode(autojump_clock):
+    suite = Suite(win_at=100)
+    policy = SlowPolicy(delay=1.0)
+    stage, receive = _stage(suite, policy)
+    async with trio.open_nursery() as nursery:
+        results = []
+
+        async def run():
+            results.append(await stage.run_group(5, "t0", 8))
+
+        nursery.start_soon(run)
+        await trio.sleep(3.5)  # every rollout has done 3 steps and waits in act()
+        assert stage.running_groups == 1
+        assert stage.cancel(5, "converged", 0.05)
+        await trio.testing.wait_all_tasks_blocked()
+        assert results, "run_group returned as soon as the group was cut"
+        assert trio.current_time() == 3.5
+    (result,) = results
+    assert result.cut and result.cut_reason == "converged" and result.gate_value == 0.05
+    assert [t.status for t in result.trajectories] == [TrajectoryStatus.CUT] * 8
+    assert all(len(t.turns) == 3 for t in result.trajectories)
+    assert policy.abandoned == 8
+    assert len(suite.envs) == 8 and all(env.closed for env in suite.envs)
+    assert stage.running_groups == 0
+    assert not stage.cancel(5, "late", 0.0)  # a late decision is a no-op
+    assert isinstance(_drain(receive)[-1], GroupClosed)
+
+
+async def test_a_failing_environment_fails_one_trajectory_only(autojump_clock):
+    suite = Suite(win_at=2, failing={1})
+    stage, receive = _stage(suite, SlowPolicy())
+    result = await stage.run_group(2, "t0", 3)
+    failed = [t.rollout_index for t in result.trajectories if t.status == TrajectoryStatus.ERROR]
+    assert len(failed) == 1  # which rollout gets the failing env depends on Trio's task order
+    assert sum(t.status == TrajectoryStatus.COMPLETE and t.success for t in result.trajectories) == 2
+    assert "the room is on fire" in result.trajectories[failed[0]].error
+    assert stage.trajectories_failed == 1
+    failures = [e for e in _drain(receive) if isinstance(e, RolloutFailed)]
+    assert [(f.group_id, f.rollout_index) for f in failures] == [(2, failed[0])]
+    assert all(env.closed for env in suite.envs)
+
+
+async def test_the_step_limit_ends_an_episode(autojump_clock):
+    suite = Suite(max_steps=4, win_at=100)
+    stage, _ = _stage(suite, SlowPolicy(delay=0.0))
+    result = await stage.run_group(3, "t0", 2)
+    assert all(len(t.turns) == 4 and not t.success for t in result.trajectories)
+
+
+async def test_an_outside_cancel_propagates_and_is_not_a_cut(autojump_clock):
+    suite = Suite(win_at=100)
+    stage, _ = _stage(suite, SlowPolicy())
+    with trio.move_on_after(2.5):
+        await stage.run_group(9, "t0", 2)
+        pytest.fail("should have been cancelled")
+    assert stage.running_groups == 0
+    assert all(env.closed for env in suite.envs)
