@@ -7,7 +7,7 @@ commands). Modules, by concept:
 - `world`    layout and task generation (`Layout`, `TaskSpec`)
 - `grammar`  the command grammar (`parse_command`)
 - `engine`   the episode rules, observations and admissible commands (`HouseholdEnv`)
-- `expert`   the omniscient planner (`plan`)
+- `expert`   the searching planner (`plan`; `omniscient=True` for the old one)
 - `splits`   train / heldout_seen / heldout_unseen and task features
 - `text`     every message, the tokenization rule and the vocabulary
 - `suite`    `HouseholdSuite`, the registered `household` suite
