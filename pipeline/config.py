@@ -68,9 +68,11 @@ class PretrainSection(_Section):
     enabled: bool = True
     """Behaviour-clone on expert demonstrations on first use (cached in policy.cache_dir)."""
     demos: int = 600
-    epochs: int = 4
-    lr: float = 3e-3
-    batch_size: int = 64
+    """Train tasks whose expert plans are the demonstrations."""
+    epochs: int = 8
+    lr: float = 6e-3
+    batch_size: int = 32
+    """Demonstration steps per optimizer update."""
 
 
 class RolloutSection(_Section):

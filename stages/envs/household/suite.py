@@ -18,7 +18,9 @@ class HouseholdSuite:
 
     Options (the `[env.options]` table): `seed` (0), `train_size` (3000), `heldout_seen_size` (600),
     `heldout_unseen_size` (600), `layouts_per_room` (40), `unseen_layouts_per_room` (12),
-    `unseen_combination_share` (0.2), `heldout_seen_share` (0.2) and `families` (all six).
+    `unseen_combination_share` (0.2), `heldout_seen_share` (0.2), `families` (all six) and `expert` (default "omniscient")
+    ("searching": explores receptacles in a fixed order and uses only what it has seen; "omniscient":
+    walks straight to the goal objects, the shortest plans and the easiest to imitate for a tiny model).
     Task ids are `household/<split>/<index:06d>`; for a given seed they are the same on every machine,
     and a split's first N tasks do not change when its size (or another split's) grows.
     Splits are generated on first use and cached.
@@ -38,7 +40,11 @@ class HouseholdSuite:
         unseen_combination_share: float = 0.2,
         heldout_seen_share: float = 0.2,
         families: Sequence[str] = FAMILIES,
+        expert: str = "omniscient",
     ) -> None:
+        if expert not in ("searching", "omniscient"):
+            raise ValueError(f"expert must be 'searching' or 'omniscient', got {expert!r}")
+        self.omniscient = expert == "omniscient"
         if max_steps < 1:
             raise ValueError("max_steps must be >= 1")
         unknown = [family for family in families if family not in FAMILIES]
@@ -67,7 +73,7 @@ class HouseholdSuite:
         if split in self._tasks:
             return
         specs = generate_split(split, self.sizes[split], self.config)
-        plans = [plan(spec, max_steps=self.max_steps) for spec in specs]
+        plans = [plan(spec, omniscient=self.omniscient, max_steps=self.max_steps) for spec in specs]
         self._specs[split] = specs
         self._plans[split] = plans
         self._tasks[split] = [

@@ -16,7 +16,7 @@ def test_registered_and_constructed_from_options():
 
 @pytest.mark.parametrize(
     "options",
-    [{"max_steps": 0}, {"families": ["juggling"]}, {"families": []}, {"unseen_combination_share": 1.0}],
+    [{"max_steps": 0}, {"families": ["juggling"]}, {"families": []}, {"unseen_combination_share": 1.0}, {"expert": "psychic"}],
 )
 def test_bad_options_raise(options):
     with pytest.raises(ValueError):  # noqa: PT011 - the message names the option
@@ -42,3 +42,19 @@ def test_unknown_splits_and_foreign_tasks_raise_clear_errors():
 def test_stepping_before_reset_raises():
     with pytest.raises(RuntimeError):
         HouseholdSuite(train_size=1).make().step("look")
+
+
+def test_the_expert_option_picks_the_planner():
+    omniscient = HouseholdSuite(train_size=40)
+    searching = HouseholdSuite(train_size=40, expert="searching")
+    tasks = omniscient.tasks("train")
+    assert [t.task_id for t in tasks] == [t.task_id for t in searching.tasks("train")]
+    short = sum(len(omniscient.expert(t)) for t in tasks)
+    assert short < sum(len(searching.expert(t)) for t in searching.tasks("train"))
+    env = omniscient.make()
+    for task in tasks[:10]:
+        env.reset(task)
+        result = None
+        for command in omniscient.expert(task):
+            result = env.step(command)
+        assert result is not None and result.won
