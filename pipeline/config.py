@@ -32,9 +32,9 @@ class RunSection(_Section):
     """Run folder name under `out` (an existing folder gets a numeric suffix)."""
     out: str = "runs"
     seed: int = 0
-    updates: int = 24
+    updates: int = 10
     """Learner updates (weight versions) to train for; the run stops after the last one."""
-    max_wall_s: float = 480.0
+    max_wall_s: float = 330.0
     """Hard stop for the GRPO phase (seconds); the run ends cleanly after the current update."""
     progress: bool = True
     """Live progress line on stderr."""
@@ -52,8 +52,9 @@ class EnvSection(_Section):
 
 class PolicySection(_Section):
     backend: str = "torch_tiny"
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = 0.7
+    """Sampling temperature of rollouts (the Selective Rollout setup: 0.7, top-p 0.95)."""
+    top_p: float = 0.95
     max_new_tokens: int = 12
     max_batch: int = 64
     """Most act() requests decoded together."""
@@ -117,7 +118,7 @@ class LearnerSection(_Section):
 
 
 class EvalSection(_Section):
-    tasks: int = 100
+    tasks: int = 50
     """Held-out tasks per split for the before/after success measure (0 = skip)."""
     splits: list[str] = msgspec.field(default_factory=lambda: ["heldout_seen", "heldout_unseen"])
     greedy: bool = True

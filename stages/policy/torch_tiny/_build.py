@@ -56,7 +56,7 @@ class TinyOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """torch threads while behaviour cloning (0 = leave torch's setting alone)."""
     bc_max_updates: int = 0
     """Stop BC after this many optimizer steps (0 = all epochs): the deliberate under-training knob."""
-    bc_eval_tasks: int = 32
+    bc_eval_tasks: int = 0
     """Held-out tasks per split for the greedy success reported after BC (0 = skip)."""
     bc_group_tasks: int = 0
     """Train tasks sampled G=8 times (temperature 1) to report the group composition after BC (0 = skip)."""
