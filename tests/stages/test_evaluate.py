@@ -38,10 +38,10 @@ class ScriptedPolicy:
         return ActResult(action, action, [], [], [], self.version)
 
     def load_weights(self, version: int, state: Mapping[str, Any]) -> None:
-        raise NotImplementedError
+        raise AssertionError("evaluate() must never load weights")
 
     def trainable(self) -> Any:
-        raise NotImplementedError
+        raise AssertionError("evaluate() must never ask for a trainable copy")
 
 
 async def test_success_per_family_and_steps() -> None:
