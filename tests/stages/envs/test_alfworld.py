@@ -1,6 +1,7 @@
 """ALFWorld adapter: folder layout, task naming and the errors that say what to install or download."""
 
 import importlib.util
+import sys
 
 import pytest
 
@@ -38,8 +39,9 @@ def test_missing_data_says_how_to_download(tmp_path):
         AlfWorldSuite(data_dir=str(tmp_path / "empty"))
 
 
-@pytest.mark.skipif(HAS_ALFWORLD, reason="alfworld is installed here")
-def test_missing_package_says_what_to_install(tmp_path):
+def test_missing_package_says_what_to_install(tmp_path, monkeypatch):
+    # A None entry in sys.modules makes the import fail as if the package were not installed.
+    monkeypatch.setitem(sys.modules, "alfworld.agents.environment.alfred_tw_env", None)
     with pytest.raises(ImportError, match=r"pip install 'rollcut\[alfworld\]'"):
         AlfWorldSuite(data_dir=str(_fake_data(tmp_path)))
 
