@@ -130,15 +130,18 @@ async def run_job(cfg: RunConfig, *, progress: Progress | None = None) -> JobRes
         metrics.close()
         report = profiler.finish()
         profiler.write(run_dir)
+        overhead = profiler.overhead_estimate() if profiler.enabled else None
         after = await evaluate_heldout(policy, suite, splits, cfg.eval.greedy)
         progress.message("held-out success after GRPO:  " + _fmt_eval(after))
         _save_checkpoints(run_dir, trainer, allocator)
-        summary = _summary(cfg, outcome, before, after, warm_start_s, time.perf_counter() - wall_started)
+        summary = _summary(cfg, outcome, before, after, warm_start_s, time.perf_counter() - wall_started,
+                           profiler_overhead_pct=overhead["overhead_pct"] if overhead else None)
         write_summary(run_dir, summary, {"Per-stage profile": report.table_markdown(), "Held-out success by family": _family_table(before, after)})
         log.info("job.finished", **{k: v for k, v in summary.items() if not isinstance(v, dict | list)})
         return JobResult(run_dir, summary, outcome)
     finally:
         if events_file is not None:
+            configure_logging(None)  # later events (another job, a test) must not write to the closed file
             events_file.close()
 
 
@@ -160,7 +163,8 @@ def _mean_success(reports: dict[str, EvalReport]) -> float | None:
 
 
 def _summary(
-    cfg: RunConfig, outcome: GrpoOutcome, before: dict[str, EvalReport], after: dict[str, EvalReport], warm_start_s: float, wall_s: float
+    cfg: RunConfig, outcome: GrpoOutcome, before: dict[str, EvalReport], after: dict[str, EvalReport], warm_start_s: float, wall_s: float,
+    *, profiler_overhead_pct: float | None,
 ) -> dict[str, Any]:
     tally, learner = outcome.tally, outcome.learner.counters
     gate_stats = outcome.gate.statistics() if outcome.gate is not None else {}
@@ -180,6 +184,7 @@ def _summary(
         "gate_precision": gate_stats.get("gate/precision"),
         "gate_recall": gate_stats.get("gate/recall"),
         "gate_us_per_decision": gate_stats.get("gate/us_per_decision"),
+        "gate_cpu_us_per_decision": gate_stats.get("gate/cpu_us_per_decision"),
         "slot_occupancy": outcome.slot_occupancy,
         "env_steps": outcome.env_steps,
         "env_steps_per_s": outcome.env_steps / outcome.wall_s if outcome.wall_s > 0 else None,
@@ -192,6 +197,7 @@ def _summary(
         "heldout_before": {s: r.success for s, r in before.items()},
         "heldout_after": {s: r.success for s, r in after.items()},
         "loop_lag_p99_ms": outcome.loop_lag_p99_ms(),
+        "profiler_overhead_pct": profiler_overhead_pct,
         "warm_start_s": warm_start_s,
         "grpo_wall_s": outcome.wall_s,
         "wall_s": wall_s,

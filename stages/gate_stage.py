@@ -38,15 +38,18 @@ class GateStage:
         self.decisions = 0
         self.cuts = 0
         self.decision_seconds = 0.0
+        self.decision_cpu_seconds = 0.0
         self.groups_seen = 0
 
     def statistics(self) -> dict[str, float | None]:
         per_decision = self.decision_seconds / self.decisions * 1e6 if self.decisions else None
+        cpu_per_decision = self.decision_cpu_seconds / self.decisions * 1e6 if self.decisions else None
         stats: dict[str, float | None] = {
             "gate/groups_seen": self.groups_seen,
             "gate/decisions": self.decisions,
             "gate/cut_decisions": self.cuts,
             "gate/us_per_decision": per_decision,
+            "gate/cpu_us_per_decision": cpu_per_decision,
             "gate/open_groups": self.gate.open_groups if hasattr(self.gate, "open_groups") else None,
         }
         if self.shadow:
@@ -70,10 +73,13 @@ class GateStage:
                 self.gate.open(gid, size)
             case StepEvent() | RolloutFailed():
                 with ctx.profiler.span("gate", "decide"):
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.thread_time()
                     decision = self.gate.observe(message)
                     if decision is not None:
+                        # Wall time includes waiting for the GIL behind the policy and learner threads;
+                        # thread CPU time is what the decision itself costs.
                         self.decision_seconds += time.perf_counter() - t0
+                        self.decision_cpu_seconds += time.thread_time() - c0
                         self.decisions += 1
                 ctx.profiler.items("gate", 1)
                 if decision is not None and decision.cut:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import structlog
 
 from pipeline.job import load, run_job
 from pipeline.progress import Progress
@@ -69,6 +70,12 @@ async def test_pipeline_cuts_backfills_and_trains_on_a_tiny_budget(tmp_path):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == list(range(1, len(rows) + 1))
     assert load(run_dir / "config.toml", []) == cfg
+    assert written["profiler_overhead_pct"] < 3.0
+
+    # The job closed its events.jsonl: events logged after it must not go to the closed file.
+    events_size = (run_dir / "events.jsonl").stat().st_size
+    structlog.get_logger("after-the-job").info("still logging")
+    assert (run_dir / "events.jsonl").stat().st_size == events_size
 
 
 @pytest.mark.slow
