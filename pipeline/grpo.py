@@ -55,6 +55,8 @@ class GrpoTally:
     groups_cut: int = 0
     groups_complete: int = 0
     zero_variance_complete: int = 0
+    all_fail_complete: int = 0
+    all_succeed_complete: int = 0
     groups_emitted: int = 0
     cut_emission_refused: int = 0
     cancels_received: int = 0
@@ -88,8 +90,7 @@ class GrpoOutcome:
         return self.rollout.env_steps
 
     def loop_lag_p99_ms(self) -> float:
-        lags = sorted(self.tally.loop_lag_s)
-        return lags[min(len(lags) - 1, math.ceil(0.99 * len(lags)) - 1)] * 1e3 if lags else float("nan")
+        return _p99_ms(self.tally.loop_lag_s)
 
 
 async def _publish_events(
@@ -274,6 +275,8 @@ def _tally_group(tally: GrpoTally, result: GroupResult) -> None:
     tally.groups_complete += 1
     tally.zero_variance_complete += max(rewards) == min(rewards)
     wins = sum(tr.success for tr in result.trajectories)
+    tally.all_fail_complete += wins == 0
+    tally.all_succeed_complete += wins == len(rewards)
     tally.rollouts_finished += len(rewards)
     tally.successes += wins
     tally.window_rollouts += len(rewards)

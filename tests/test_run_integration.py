@@ -71,6 +71,9 @@ async def test_pipeline_cuts_backfills_and_trains_on_a_tiny_budget(tmp_path):
     assert [r["iteration"] for r in rows] == list(range(1, len(rows) + 1))
     assert load(run_dir / "config.toml", []) == cfg
     assert written["profiler_overhead_pct"] < 3.0
+    tally = outcome.tally
+    assert summary["groups_all_fail"] + summary["groups_mixed"] + summary["groups_all_succeed"] == tally.groups_complete
+    assert summary["groups_all_fail"] + summary["groups_all_succeed"] == tally.zero_variance_complete  # 0/1 rewards
 
     # The job closed its events.jsonl: events logged after it must not go to the closed file.
     events_size = (run_dir / "events.jsonl").stat().st_size
