@@ -23,7 +23,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from .base import SPLITS, Observation, StepResult, Task
+from ._game_episode import GameEpisode
+from .base import SPLITS, Task
 
 INSTALL_HINT = "the ALFWorld adapter needs the alfworld package: pip install 'rollcut[alfworld]'"
 DOWNLOAD_HINT = (
@@ -106,50 +107,11 @@ def _import_alfworld():
     return textworld, AlfredDemangler
 
 
-class AlfWorldEnv:
-    """One ALFWorld game at a time through TextWorld's PDDL backend."""
-
-    def __init__(self, suite: AlfWorldSuite) -> None:
-        self._suite = suite
-        self._env = None
-        self._game: Path | None = None
-        self._steps = 0
-        self._done = True
-
-    def _load(self, game: Path, policy_commands: bool = False):
-        textworld, demangler = _import_alfworld()
-        infos = textworld.EnvInfos(admissible_commands=True, won=True, policy_commands=policy_commands)
-        return textworld.start(str(game), request_infos=infos, wrappers=[demangler])
-
-    def reset(self, task: Task) -> Observation:
-        game = self._suite.game_file(task)
-        if game != self._game:
-            self.close()
-            self._env = self._load(game)
-            self._game = game
-        state = self._env.reset()
-        self._steps = 0
-        self._done = False
-        return Observation(state.feedback.strip(), tuple(state["admissible_commands"] or ()))
-
-    def step(self, action: str) -> StepResult:
-        if self._done or self._env is None:
-            raise RuntimeError("the episode is over; call reset() first")
-        state, _score, game_over = self._env.step(action)
-        self._steps += 1
-        won = bool(state["won"])
-        truncated = not won and self._steps >= self._suite.max_steps
-        self._done = bool(game_over) or won or truncated
-        admissible = () if self._done else tuple(state["admissible_commands"] or ())
-        info = {"steps": self._steps, "truncated": truncated}
-        return StepResult(Observation(state.feedback.strip(), admissible), float(won), self._done, won, info)
-
-    def close(self) -> None:
-        if self._env is not None:
-            self._env.close()
-        self._env = None
-        self._game = None
-        self._done = True
+def _start_game(game: Path, policy_commands: bool = False):
+    """Start one ALFWorld game in TextWorld's PDDL backend, names demangled ("cabinet 3")."""
+    textworld, demangler = _import_alfworld()
+    infos = textworld.EnvInfos(admissible_commands=True, won=True, policy_commands=policy_commands)
+    return textworld.start(str(game), request_infos=infos, wrappers=[demangler])
 
 
 class AlfWorldSuite:
@@ -203,14 +165,13 @@ class AlfWorldSuite:
         except KeyError:
             raise ValueError(f"{task.task_id!r} is not an ALFWorld game under {self.data_dir}") from None
 
-    def make(self) -> AlfWorldEnv:
-        return AlfWorldEnv(self)
+    def make(self) -> GameEpisode:
+        return GameEpisode(game_file=self.game_file, start=_start_game, max_steps=self.max_steps)
 
     def expert(self, task: Task) -> list[str]:
         """The PDDL planner's plan from the initial state (computed once per task, takes seconds)."""
         if task.task_id not in self._plans:
-            env = AlfWorldEnv(self)
-            game_env = env._load(self.game_file(task), policy_commands=True)
+            game_env = _start_game(self.game_file(task), policy_commands=True)
             try:
                 self._plans[task.task_id] = list(game_env.reset()["policy_commands"] or [])
             finally:

@@ -32,7 +32,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .base import SPLITS, Observation, StepResult, Task
+from ._game_episode import GameEpisode
+from .base import SPLITS, Task
 
 GAME_SUFFIXES = (".z8", ".ulx", ".z5")
 INSTALL_HINT = "the TextWorld adapter needs the textworld package: pip install 'rollcut[textworld]'"
@@ -133,47 +134,14 @@ def generate_games(
     return paths
 
 
-class TextWorldEnv:
-    """One TextWorld game at a time; switching to another task's game restarts the interpreter."""
+def _start_game(game: Path):
+    textworld = _import_textworld()
+    infos = textworld.EnvInfos(admissible_commands=True, won=True, lost=True, objective=True)
+    return textworld.start(str(game), request_infos=infos)
 
-    def __init__(self, suite: TextWorldSuite) -> None:
-        self._suite = suite
-        self._env = None
-        self._game: Path | None = None
-        self._steps = 0
-        self._done = True
 
-    def reset(self, task: Task) -> Observation:
-        textworld = _import_textworld()
-        game = self._suite.game_file(task)
-        if game != self._game:
-            self.close()
-            infos = textworld.EnvInfos(admissible_commands=True, won=True, lost=True, objective=True)
-            self._env = textworld.start(str(game), request_infos=infos)
-            self._game = game
-        state = self._env.reset()
-        self._steps = 0
-        self._done = False
-        return Observation(clean_feedback(state.feedback), tuple(state["admissible_commands"] or ()))
-
-    def step(self, action: str) -> StepResult:
-        if self._done or self._env is None:
-            raise RuntimeError("the episode is over; call reset() first")
-        state, _score, game_over = self._env.step(action)
-        self._steps += 1
-        won = bool(state["won"])
-        truncated = not game_over and self._steps >= self._suite.max_steps
-        self._done = bool(game_over) or won or truncated
-        admissible = () if self._done else tuple(state["admissible_commands"] or ())
-        info = {"steps": self._steps, "truncated": truncated, "lost": bool(state["lost"])}
-        return StepResult(Observation(clean_feedback(state.feedback), admissible), float(won), self._done, won, info)
-
-    def close(self) -> None:
-        if self._env is not None:
-            self._env.close()
-        self._env = None
-        self._game = None
-        self._done = True
+def _lost(state) -> dict[str, bool]:
+    return {"lost": bool(state["lost"])}
 
 
 class TextWorldSuite:
@@ -216,8 +184,10 @@ class TextWorldSuite:
     def game_file(self, task: Task) -> Path:
         return self._entry(task)[0]
 
-    def make(self) -> TextWorldEnv:
-        return TextWorldEnv(self)
+    def make(self) -> GameEpisode:
+        """One game at a time; switching to another task's game restarts the interpreter."""
+        return GameEpisode(game_file=self.game_file, start=_start_game, max_steps=self.max_steps,
+                           text=clean_feedback, extra_info=_lost)
 
     def expert(self, task: Task) -> list[str]:
         """The game's walkthrough (written by tw-make)."""
