@@ -1,6 +1,6 @@
 """Policy throughput, measured side by side in one run (ratios, no asserts).
 
-    .venv/bin/python bench/bench_policy.py [--batch 64] [--rounds 6] [--suite household]
+    .venv/bin/python bench/bench_policy.py [--batch 64] [--rounds 6] [--suite household] [--threads 1]
 
 1. Server efficiency: generated tokens/s of `TorchTinyPolicy` serving `--batch` concurrent Trio tasks
    (each looping on `act()`) divided by a bare loop calling the batched KV-cache `generate` on the same
@@ -80,8 +80,8 @@ def bare_loop(
     return tokens / (time.perf_counter() - started)
 
 
-def in_thread(fn, *args):  # noqa: ANN001, ANN002, ANN201
-    """Run `fn(*args)` in a fresh thread with 1 torch thread, like the server's decoding worker.
+def in_thread(fn, *args, threads: int = 1):  # noqa: ANN001, ANN002, ANN201
+    """Run `fn(*args)` in a fresh thread with `threads` torch threads, like the server's decoding worker.
 
     (torch decoding measured ~20 % faster in a non-main thread than in the main one on this machine,
     so the bare loop runs in a thread too for a like-for-like ratio.)
@@ -89,7 +89,7 @@ def in_thread(fn, *args):  # noqa: ANN001, ANN002, ANN201
     out = []
 
     def target() -> None:
-        torch.set_num_threads(1)
+        torch.set_num_threads(threads)
         out.append(fn(*args))
 
     thread = threading.Thread(target=target)
@@ -146,26 +146,27 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="concurrent requests (= max_batch)")
     parser.add_argument("--rounds", type=int, default=6, help="act() calls per concurrent task")
     parser.add_argument("--suite", default="household")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads in the decoding thread (policy.options.threads)")
     args = parser.parse_args()
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     tokenizer, contexts = contexts_for(args.suite, args.batch)
     fmt = PromptFormat(tokenizer, history=8, max_obs_tokens=64, max_prompt_tokens=200)
     torch.manual_seed(0)
     model = TinyLM(ModelConfig(vocab_size=len(tokenizer), pad_id=tokenizer.pad_id)).eval()
-    sampling = SamplingConfig(max_new_tokens=12, max_batch=args.batch, max_wait_ms=2.0, threads=1)
+    sampling = SamplingConfig(max_new_tokens=12, max_batch=args.batch, max_wait_ms=2.0, threads=args.threads)
     prompts = [fmt.build(c) for c in contexts]
     mean_len = sum(map(len, prompts)) / len(prompts)
     print(
         f"model {model.num_parameters() / 1e6:.2f} M params, {len(prompts)} prompts of {mean_len:.0f} tokens "
-        f"(mean), {sampling.max_new_tokens} new tokens, torch threads 1"
+        f"(mean), {sampling.max_new_tokens} new tokens, torch threads {args.threads}"
     )
 
     stops = (tokenizer.eos_id, tokenizer.nl_id)
-    in_thread(bare_loop, model, prompts, sampling, 1, stops)  # warm-up
+    in_thread(bare_loop, model, prompts, sampling, 1, stops, threads=args.threads)  # warm-up
     bare, server = [], []
     for _ in range(2):  # alternate, so drifting machine load hits both alike
-        bare.append(in_thread(bare_loop, model, prompts, sampling, args.rounds, stops))
+        bare.append(in_thread(bare_loop, model, prompts, sampling, args.rounds, stops, threads=args.threads))
         server.append(served(model, fmt, contexts, sampling, args.rounds))
     b, s = sum(bare) / len(bare), sum(server) / len(server)
     print(f"{'bare batched KV loop':<34}{b:>10.0f} tok/s")
@@ -173,7 +174,7 @@ def main() -> None:
     print(f"{'server / bare':<34}{s / b:>10.2f}   (goal >= 0.85)")
 
     for batch in sorted({8, args.batch}):
-        cached, full = in_thread(kv_speedup, model, prompts[:batch], sampling.max_new_tokens)
+        cached, full = in_thread(kv_speedup, model, prompts[:batch], sampling.max_new_tokens, threads=args.threads)
         print(
             f"KV cache B={batch:<3} {cached:>8.0f} tok/s vs recompute {full:>7.0f} tok/s   x{cached / full:.1f}"
         )
