@@ -27,8 +27,9 @@ from learner.trainer import Trainer
 from stages.envs import ENVS, EnvSuite, Task
 from stages.evaluate import EvalReport, evaluate
 from stages.policy import POLICIES, Policy
+from stages.policy.workers import WorkerPoolPolicy
 
-from .config import RunConfig, load_config
+from .config import RunConfig, dump_toml, load_config
 from .grpo import GrpoOutcome, run_grpo
 from .profiling import Profiler
 from .progress import Progress
@@ -61,8 +62,13 @@ def build_suite(cfg: RunConfig) -> EnvSuite:
     return ENVS.get(cfg.env.name)(max_steps=cfg.env.max_steps, **cfg.env.options)
 
 
-def build_policy(cfg: RunConfig, suite: EnvSuite) -> Policy:
-    return POLICIES.get(cfg.policy.backend)(cfg.policy, cfg.pretrain, suite, seed=cfg.run.seed)
+def build_policy(cfg: RunConfig, suite: EnvSuite, *, workers: int | None = None) -> Policy:
+    """The configured backend, warm-started; behind a pool of decoding processes when `policy.workers` > 1."""
+    local = POLICIES.get(cfg.policy.backend)(cfg.policy, cfg.pretrain, suite, seed=cfg.run.seed)
+    workers = cfg.policy.workers if workers is None else workers
+    if workers <= 1:
+        return local
+    return WorkerPoolPolicy(local, dump_toml(cfg), workers=workers, weights=local.trainable().state_dict())
 
 
 def heldout_tasks(cfg: RunConfig, suite: EnvSuite) -> dict[str, list[Task]]:
@@ -87,7 +93,7 @@ def _periodic_evaluator(cfg: RunConfig, suite: EnvSuite, splits: dict[str, list[
 
     async def evaluate_version(version: int, state: Any) -> dict[str, float]:
         if not holder:
-            holder.append(await trio.to_thread.run_sync(build_policy, cfg, suite))
+            holder.append(await trio.to_thread.run_sync(lambda: build_policy(cfg, suite, workers=1)))
         policy = holder[0]
         policy.load_weights(version, state)
         reports = await evaluate_heldout(policy, suite, splits, cfg.eval.greedy)
