@@ -188,7 +188,8 @@ async def run_grpo(
 
     def publish(version: int, state: Mapping[str, Any]) -> None:
         policy.load_weights(version, state)
-        if evaluate is not None and cfg.eval.every and version % cfg.eval.every == 0:
+        # The last version is measured by the job's after-evaluation; earlier ones every eval.every updates.
+        if evaluate is not None and cfg.eval.every and version % cfg.eval.every == 0 and version < cfg.run.updates:
             latest_weights[version] = state  # a detached copy: the trainer goes on with its own tensors
     attach = getattr(policy, "attach_profiler", None)  # optional: a backend that records its own spans
     if attach is not None:
@@ -211,7 +212,24 @@ async def run_grpo(
         if report.version >= cfg.run.updates:
             done.set()
 
+    evals_running = 0
+    evals_idle = trio.Event()
+    evals_idle.set()
+
     async def run_eval(version: int, state: Mapping[str, Any]) -> None:
+        nonlocal evals_running, evals_idle
+        assert evaluate is not None
+        if evals_running == 0:
+            evals_idle = trio.Event()
+        evals_running += 1
+        try:
+            await _evaluate_version(version, state)
+        finally:
+            evals_running -= 1
+            if evals_running == 0:
+                evals_idle.set()
+
+    async def _evaluate_version(version: int, state: Mapping[str, Any]) -> None:
         assert evaluate is not None
         t0 = trio.current_time()
         scores = await evaluate(version, state)
@@ -293,6 +311,8 @@ async def run_grpo(
             if deadline.cancelled_caught:
                 stop_reason = "max_wall_s"
                 log.warning("grpo.wall_limit", max_wall_s=cfg.run.max_wall_s, updates=learner.version)
+            else:
+                await evals_idle.wait()  # a held-out measure in flight belongs to the curve
             occupancy = slots.occupancy()
             wall = trio.current_time() - started
             trajectory_occupancy = rollout.trajectory_seconds / (cfg.rollout.slots * wall) if wall > 0 else float("nan")

@@ -30,6 +30,7 @@ from stages.policy import POLICIES, Policy
 from stages.policy.workers import WorkerPoolPolicy
 
 from .config import RunConfig, dump_toml, load_config
+from .curves import curve_points, write_learning_curve
 from .grpo import GrpoOutcome, run_grpo
 from .profiling import Profiler
 from .progress import Progress
@@ -169,6 +170,13 @@ async def run_job(cfg: RunConfig, *, progress: Progress | None = None) -> JobRes
         _save_checkpoints(run_dir, trainer, allocator)
         summary = _summary(cfg, outcome, before, after, warm_start_s, time.perf_counter() - wall_started,
                            profiler_overhead_pct=overhead["overhead_pct"] if overhead else None, generated_tokens=generated)
+        if outcome.tally.evaluations:
+            write_learning_curve(
+                run_dir / "learning_curve.png",
+                curve_points({s: r.success for s, r in before.items()}, outcome.tally.evaluations,
+                             {s: r.success for s, r in after.items()}, final_wall_s=outcome.wall_s, final_env_steps=outcome.env_steps),
+                title=f"{cfg.run.name}: held-out success (seed {cfg.run.seed})",
+            )
         write_summary(run_dir, summary, {"Per-stage profile": report.table_markdown(), "Held-out success by family": _family_table(before, after)})
         log.info("job.finished", **{k: v for k, v in summary.items() if not isinstance(v, dict | list)})
         return JobResult(run_dir, summary, outcome)

@@ -144,3 +144,15 @@ async def test_allocator_sub_groups_are_never_gated_and_staleness_is_a_bound(tmp
     for key in ("trajectory_slot_occupancy", "first_stage_cut_fraction", "items_dropped_stale", "staleness_lag_mean",
                 "generated_tokens"):
         assert key in summary, key
+
+
+@pytest.mark.slow
+async def test_periodic_heldout_evaluation_writes_a_learning_curve(tmp_path):
+    cfg = load(None, _tiny(tmp_path, "eval.every=1", "gate.k=4"))
+    result = await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "heldout/mean" in r]
+    assert [r["iteration"] for r in evals] == [1]  # the last update is the job's after-measure
+    assert all({"heldout/seen", "heldout/unseen", "wall_s", "env_steps"} <= r.keys() for r in evals)
+    assert result.summary["heldout_curve"] == evals
+    assert (result.run_dir / "learning_curve.png").exists()
