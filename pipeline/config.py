@@ -164,6 +164,9 @@ class TransportSection(_Section):
     events: str = "inproc://rollcut-events"
     """PUB address that observers (custom stages) subscribe to."""
     hwm: int = 10000
+    drain_s: float = 5.0
+    """After the last update, how long custom stages get to read the event stream up to `PhaseFinished`
+    and return before they are cancelled."""
 
 
 class ProfileSection(_Section):
@@ -297,6 +300,7 @@ def _range_problems(cfg: RunConfig) -> list[str]:
         ),
         (cfg.eval.tasks >= 0, "eval.tasks must be >= 0"),
         (cfg.transport.hwm >= 1, "transport.hwm must be >= 1"),
+        (cfg.transport.drain_s >= 0, "transport.drain_s must be >= 0"),
         (cfg.profile.gpu_sample_hz > 0, "profile.gpu_sample_hz must be > 0"),
     ]
     return [msg for ok, msg in checks if not ok]

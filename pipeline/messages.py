@@ -138,6 +138,13 @@ class WeightsPublished(_Message):
     published_at: float
 
 
+class PhaseFinished(_Message):
+    """The last message on the event stream: the GRPO phase ended (stages may finish their work and return)."""
+
+    updates: int
+    stop_reason: str
+
+
 class Metrics(_Message):
     """A flat bag of hierarchical metric keys (e.g. `learner/loss`) from one stage."""
 
@@ -197,7 +204,9 @@ ResultStream = GroupResult
 LearnerStream = WeightsPublished | Metrics
 WorkerInbox = ActRequest | AbandonRequest | LoadWeights
 WorkerOutbox = ActReply | WorkerReady
-AnyMessage = GroupOpened | StepEvent | RolloutFailed | GroupClosed | CancelGroup | GroupResult | WeightsPublished | Metrics
+AnyMessage = (
+    GroupOpened | StepEvent | RolloutFailed | GroupClosed | CancelGroup | GroupResult | WeightsPublished | Metrics | PhaseFinished
+)
 
 __all__ = [
     "AbandonRequest",
@@ -212,6 +221,7 @@ __all__ = [
     "LearnerStream",
     "LoadWeights",
     "Metrics",
+    "PhaseFinished",
     "ResultStream",
     "RolloutFailed",
     "StepEvent",
