@@ -37,7 +37,7 @@ from stages.rollout import RolloutStage
 
 from .allocation import AdmissionLoop, SlotPool, StalenessPacer
 from .config import RunConfig
-from .messages import AnyMessage, CancelGroup, ControlStream, GroupResult, PhaseFinished, WeightsPublished
+from .messages import AnyMessage, CancelGroup, ControlStream, GroupResult, PhaseFinished, TrajectoryStatus, WeightsPublished
 from .outcomes import FIRST_STAGE_KINDS, MergedOutcomes, is_zero_variance, label_rewards
 from .profiling import Profiler
 from .progress import Progress
@@ -199,6 +199,7 @@ async def run_grpo(
     rollout = RolloutStage(
         suite, policy, tasks, steps_send, profiler=profiler,
         max_error_rate=cfg.rollout.max_error_rate, min_trajectories=cfg.rollout.min_trajectories_for_error_rate,
+        on_trajectory_end=lambda: admission.trajectory_finished(),
     )
     merged = MergedOutcomes(on_settled=lambda rewards, _: _tally_prompt(tally, rewards, cfg.rollout.group_size), window=64)
     latest_weights: dict[int, Mapping[str, Any]] = {}
@@ -276,7 +277,7 @@ async def run_grpo(
         else:
             merged.open_child(group_id, parent)
         result = await rollout.run_group(group_id, admission_.task_id, admission_.size, kind=kind, parent=parent)
-        admission.group_finished(admission_.size, cut=result.cut)
+        admission.group_finished(cut_slots=sum(t.status == TrajectoryStatus.CUT for t in result.trajectories) if result.cut else 0)
         _tally_group(tally, result)
         if result.cut:
             merged.discard(group_id)
