@@ -70,7 +70,7 @@ def _ratio_png(figure: Any, path: Path, report: Mapping[str, Any]) -> None:
     rows = [(arm, c["wall_ratio"]) for arm, c in report["comparisons"].items() if c.get("wall_ratio")]
     fig = figure(figsize=(7, 1.2 + 0.45 * max(1, len(rows))), layout="constrained")
     ax = fig.subplots()
-    for y, (arm, r) in enumerate(rows):
+    for y, (_arm, r) in enumerate(rows):
         ax.errorbar(r["estimate"], y, xerr=[[r["estimate"] - r["ci_low"]], [r["ci_high"] - r["estimate"]]], fmt="o", capsize=4)
     ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
     ax.set_yticks(range(len(rows)), [f"{arm} (n={r['n_pairs']})" for arm, r in rows])

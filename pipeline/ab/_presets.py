@@ -61,7 +61,7 @@ def _description(text: str) -> str:
         if not line.startswith("#"):
             break
         lines.append(line.lstrip("#").strip())
-    return " ".join(l for l in lines if l)
+    return " ".join(line for line in lines if line)
 
 
 def load_preset(path: Path) -> Preset:
