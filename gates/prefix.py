@@ -25,6 +25,7 @@ from math import comb
 from rapidfuzz.distance import Levenshtein
 
 from pipeline.messages import RolloutFailed, StepEvent
+from pipeline.outcomes import is_zero_variance
 
 END = "<END>"
 
@@ -80,7 +81,10 @@ class GateDecision:
 
 
 def decide(actions_per_rollout: Sequence[Sequence[str]], k: int, tau: float) -> GateDecision:
-    """The pure cut rule at checkpoint k: cut iff d_K < tau."""
+    """The pure cut rule at checkpoint k: cut iff d_K < tau. Fewer than two rollouts have no pairs to
+    compare: that is no decision, never a cut."""
+    if len(actions_per_rollout) < 2:
+        return GateDecision(cut=False, value=float("nan"), checkpoint=k, reason="fewer than 2 rollouts: no decision")
     d = mean_prefix_edit_distance(actions_per_rollout, k)
     cut = d < tau
     relation = "<" if cut else ">="
@@ -171,8 +175,9 @@ class PrefixEditDistanceGate:
 class ShadowLedger:
     """Online precision/recall of cut decisions against each group's real outcome.
 
-    A positive is a zero-variance group (every rollout got the same reward). Only groups that ran to
-    completion have a real outcome, so in shadow mode (nothing is cut) every group counts.
+    A positive is a zero-variance group (every complete rollout got the same reward). Only groups that ran
+    to completion have a real outcome, so in shadow mode (nothing is cut) every group counts; the gate
+    stage labels a prompt by its merged group and leaves failed rollouts out.
     """
 
     true_positive: int = 0
@@ -181,7 +186,7 @@ class ShadowLedger:
     true_negative: int = 0
 
     def record(self, would_cut: bool, rewards: Sequence[float]) -> None:
-        zero_variance = max(rewards) == min(rewards) if rewards else False
+        zero_variance = is_zero_variance(rewards)
         if would_cut and zero_variance:
             self.true_positive += 1
         elif would_cut:

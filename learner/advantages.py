@@ -1,14 +1,15 @@
 """Group-relative advantages (GRPO, Shao et al. 2024), as small pure functions.
 
 A(i) = (r_i - mean(r)) / (std(r) + eps) over the G rollouts of one prompt, with the population std
-(ddof=0) as in the Selective Rollout reference (`scripts/19_grpo_onpolicy.py:79`).
+(ddof=0) as in the Selective Rollout reference (`scripts/19_grpo_onpolicy.py:79`). Computed in float64;
+a group whose rewards are all equal gets exactly zero advantages (not float round-off).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
+
+from pipeline.outcomes import is_zero_variance as is_zero_variance
 
 
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -17,13 +18,11 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     Args:
         rewards: [G] rewards of one group.
     Returns:
-        [G] advantages; all zero for a zero-variance group.
+        [G] float64 advantages; exactly zero for a zero-variance group.
     """
+    rewards = rewards.to(torch.float64)  # [G]
+    if rewards.numel() == 0 or bool((rewards == rewards[0]).all()):
+        return torch.zeros_like(rewards)
     mean = rewards.mean()  # []
     std = rewards.std(correction=0)  # [] population std
     return (rewards - mean) / (std + eps)  # [G]
-
-
-def is_zero_variance(rewards: Sequence[float]) -> bool:
-    """Every rollout got the same reward: the group carries no GRPO gradient."""
-    return len(rewards) == 0 or max(rewards) == min(rewards)

@@ -20,9 +20,9 @@ import trio
 
 from pipeline.config import LearnerSection
 from pipeline.messages import GroupResult, ResultStream
+from pipeline.outcomes import is_zero_variance, label_rewards
 from pipeline.stage import StageContext
 
-from .advantages import is_zero_variance
 from .trainer import Trainer
 
 log = structlog.get_logger(__name__)
@@ -95,7 +95,7 @@ class LearnerStage:
             self.counters.cut_groups_refused += 1
             log.error("learner.cut_group_refused", group_id=group.group_id)
             return False
-        if self.cfg.drop_zero_variance and is_zero_variance([t.reward for t in group.trajectories]):
+        if self.cfg.drop_zero_variance and is_zero_variance(label_rewards(group)):
             self.counters.groups_dropped_zero_variance += 1
             return False
         return True
@@ -115,7 +115,7 @@ class LearnerStage:
                 started = trio.current_time()
                 with ctx.profiler.span("learner", "train_step"):
                     state, stats = await trio.to_thread.run_sync(
-                        self._update, batch, ctx.profiler, limiter=self._limiter
+                        self._update, batch, self.version, ctx.profiler, limiter=self._limiter
                     )
                 self.version += 1
                 with ctx.profiler.span("learner", "weight_publish"):
@@ -130,7 +130,7 @@ class LearnerStage:
                 if maybe_awaitable is not None:
                     await maybe_awaitable
 
-    def _update(self, batch: list[GroupResult], profiler: Any) -> tuple[dict[str, Any], dict[str, float]]:
+    def _update(self, batch: list[GroupResult], version: int, profiler: Any) -> tuple[dict[str, Any], dict[str, float]]:
         """Runs in the worker thread: its CPU time is attributed to the learner stage."""
         with profiler.bind_thread("learner"):
-            return self.trainer.update(batch)
+            return self.trainer.update(batch, version=version)

@@ -1,13 +1,25 @@
 """The synchronous GRPO update, run off the Trio thread by `learner.stage.LearnerStage`.
 
-One update = one optimizer step on a batch of B training groups: group-relative advantages per
-trajectory, every policy turn of every surviving trajectory becomes a training item (prompt, completion,
-sampled log-probs, advantage), a fixed number of items is sampled (the reference's step items), and the
-registered loss is averaged over micro-batches with gradient accumulation.
+One update trains on a batch of B training groups:
+
+1. group-relative advantages per trajectory (float64); every policy turn of every usable trajectory
+   becomes a training item (prompt, completion, behaviour log-probs, advantage, policy version);
+2. items whose policy version lags the learner by more than `max_staleness` are dropped and counted
+   (the staleness bound holds for every trained turn, whatever the pacing did);
+3. optionally a fixed number of items is sampled (`max_items`, the reference's step items);
+4. `epochs` passes over the items in shuffled mini-batches of `minibatch_items` (0 = the whole batch in
+   one step), each one optimizer step; the registered loss gives per-token terms and the registered
+   aggregation their weights over the mini-batch, accumulated exactly across micro-batches;
+5. an epoch whose approximate KL to the behaviour policy exceeds `max_kl` ends the update early.
+
+Per-update figures (metrics.jsonl): items, tokens, ratio mean, clip fraction, approx KL to behaviour,
+entropy of the sampling distribution, fraction of actions that were not admissible commands, staleness
+lag max / mean, items dropped as stale, epochs run, train success of the batch.
 """
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,7 +33,8 @@ from stages.policy.base import TrainableModel
 
 from .advantages import group_advantages
 
-LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+LossFn = Callable[..., torch.Tensor]
+AggregationFn = Callable[..., torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,31 +43,64 @@ class TrainItem:
     token_ids: list[int]
     old_logprobs: list[float]
     advantage: float
+    trajectory: int
+    """Index of its trajectory within the batch (for per-trajectory aggregation)."""
+    lag: int
+    """Learner version minus the policy version that generated this turn."""
+    admissible: bool = True
 
 
-def build_items(groups: Sequence[GroupResult], eps: float) -> list[TrainItem]:
-    """Training items of every turn of every usable trajectory.
+@dataclass(frozen=True, slots=True)
+class ItemCounts:
+    dropped_stale: int = 0
+    zero_advantage: int = 0
+    turns: int = 0
+    invalid_actions: int = 0
+
+
+def build_items(
+    groups: Sequence[GroupResult],
+    eps: float,
+    *,
+    learner_version: int = 0,
+    max_staleness: int | None = None,
+    keep_zero_advantage: bool = False,
+) -> tuple[list[TrainItem], ItemCounts]:
+    """Training items of every turn of every usable trajectory, and what was left out.
 
     Failed trajectories (env or policy error) are left out of their group's baseline; a group with fewer
-    than two usable trajectories or zero advantage everywhere contributes nothing.
+    than two usable trajectories contributes nothing; zero-advantage trajectories contribute nothing
+    unless `keep_zero_advantage` (the reference's dilution); turns older than `max_staleness` versions
+    are dropped and counted.
     """
     items: list[TrainItem] = []
+    stale = zero = turns = invalid = 0
+    trajectory_index = 0
     for group in groups:
         if group.cut:
             raise ValueError(f"group {group.group_id} was cut by a gate and must never reach the learner")
         usable = [t for t in group.trajectories if t.status == TrajectoryStatus.COMPLETE]
         if len(usable) < 2:
             continue
-        advantages = group_advantages(torch.tensor([t.reward for t in usable], dtype=torch.float32), eps)  # [G]
+        advantages = group_advantages(torch.tensor([t.reward for t in usable], dtype=torch.float64), eps)  # [G]
         for trajectory, advantage in zip(usable, advantages.tolist(), strict=True):
-            if advantage == 0.0:
-                continue
-            items += [
-                TrainItem(turn.prompt_ids, turn.token_ids, turn.logprobs, advantage)
-                for turn in trajectory.turns
-                if turn.token_ids
-            ]
-    return items
+            trajectory_index += 1
+            for turn in trajectory.turns:
+                if not turn.token_ids:
+                    continue
+                turns += 1
+                invalid += not turn.admissible
+                if advantage == 0.0 and not keep_zero_advantage:
+                    zero += 1
+                    continue
+                lag = learner_version - turn.policy_version
+                if max_staleness is not None and lag > max_staleness:
+                    stale += 1
+                    continue
+                items.append(
+                    TrainItem(turn.prompt_ids, turn.token_ids, turn.logprobs, advantage, trajectory_index, lag, turn.admissible)
+                )
+    return items, ItemCounts(dropped_stale=stale, zero_advantage=zero, turns=turns, invalid_actions=invalid)
 
 
 def _padded(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
@@ -64,44 +110,148 @@ def _padded(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
     return out
 
 
+class _Sums:
+    """Token-weighted sums of per-token figures over an epoch."""
+
+    def __init__(self) -> None:
+        self.tokens = 0.0
+        self.steps = 0
+        self.ratio = self.clipped = self.kl = self.entropy = self.loss = 0.0
+
+    def add(self, log_ratio: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor, clip_eps: float) -> None:
+        with torch.no_grad():
+            ratio = log_ratio.exp()  # [n, T]
+            self.tokens += float(mask.sum())
+            self.ratio += float((ratio * mask).sum())
+            self.clipped += float((((ratio - 1).abs() > clip_eps).float() * mask).sum())
+            self.kl += float(((ratio - 1 - log_ratio) * mask).sum())  # k3 estimator of KL(mu || pi)
+            self.entropy += float((entropy * mask).sum())
+
+    def mean(self, value: float) -> float:
+        return value / self.tokens if self.tokens else 0.0
+
+
 class Trainer:
     """Owns the trainable model and its optimizer; call `update` from one thread at a time."""
 
-    def __init__(self, model: TrainableModel, cfg: LearnerSection, loss_fn: LossFn, *, seed: int = 0) -> None:
+    def __init__(
+        self,
+        model: TrainableModel,
+        cfg: LearnerSection,
+        loss_fn: LossFn,
+        *,
+        aggregation: AggregationFn | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        from .aggregation import AGGREGATIONS
+
         self.model = model
         self.cfg = cfg
         self.loss_fn = loss_fn
+        self.aggregation = aggregation or AGGREGATIONS.get(cfg.aggregation)
+        self.temperature = temperature
+        self.top_p = top_p
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        self.reference = copy.deepcopy(model).requires_grad_(False) if cfg.kl_coef > 0 else None
         self._rng = random.Random(seed)
 
-    def update(self, groups: Sequence[GroupResult]) -> tuple[dict[str, Any], dict[str, float]]:
-        """One optimizer step on `groups`. Returns (a detached copy of the new weights, stats)."""
+    def update(self, groups: Sequence[GroupResult], *, version: int = 0) -> tuple[dict[str, Any], dict[str, float]]:
+        """Train on `groups` with the weights of learner `version`. Returns (a detached copy of the new
+        weights, stats)."""
         torch.set_num_threads(self.cfg.torch_threads)
-        items = build_items(groups, self.cfg.adv_eps)
+        items, counts = build_items(
+            groups, self.cfg.adv_eps, learner_version=version, max_staleness=self.cfg.max_staleness,
+            keep_zero_advantage=self.cfg.keep_zero_advantage_items,
+        )
         if self.cfg.max_items and len(items) > self.cfg.max_items:
             items = self._rng.sample(items, self.cfg.max_items)
-        stats: dict[str, float] = {"learner/items": float(len(items)), "learner/groups": float(len(groups))}
+        rollouts = [t for g in groups for t in g.trajectories if t.status == TrajectoryStatus.COMPLETE]
+        stats: dict[str, float] = {
+            "learner/items": float(len(items)),
+            "learner/groups": float(len(groups)),
+            "learner/items_dropped_stale": float(counts.dropped_stale),
+            "learner/invalid_action_fraction": counts.invalid_actions / counts.turns if counts.turns else 0.0,
+            "learner/batch_success": sum(t.success for t in rollouts) / len(rollouts) if rollouts else 0.0,
+            "staleness_lag_max": float(max((it.lag for it in items), default=0)),
+            "staleness_lag_mean": sum(it.lag for it in items) / len(items) if items else 0.0,
+        }
         if items:
-            stats |= self._step(items)
+            stats |= self._train(items)
         state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         return state, stats
 
-    def _step(self, items: list[TrainItem]) -> dict[str, float]:
+    def _train(self, items: list[TrainItem]) -> dict[str, float]:
         self.model.train()
+        size = self.cfg.minibatch_items or len(items)
+        out: dict[str, float] = {}
+        grad_norms: list[float] = []
+        epochs = 0
+        for epoch in range(self.cfg.epochs):
+            order = self._rng.sample(items, len(items))
+            sums = _Sums()
+            for start in range(0, len(order), size):
+                grad_norms.append(self._step(order[start : start + size], sums))
+            epochs += 1
+            kl = sums.mean(sums.kl)
+            out = {
+                "learner/loss": sums.loss / max(sums.steps, 1),
+                "learner/ratio_mean": sums.mean(sums.ratio),
+                "learner/clip_fraction": sums.mean(sums.clipped),
+                "learner/approx_kl": kl,
+                "learner/entropy": sums.mean(sums.entropy),
+                "learner/tokens": sums.tokens,
+            }
+            if self.cfg.max_kl and kl > self.cfg.max_kl:
+                break
+        out["learner/epochs"] = float(epochs)
+        out["learner/optimizer_steps"] = float(len(grad_norms))
+        out["learner/grad_norm"] = sum(grad_norms) / len(grad_norms)
+        return out
+
+    def _step(self, batch: list[TrainItem], sums: _Sums) -> float:
+        """One optimizer step on `batch`, its loss accumulated over micro-batches with exact weights."""
         self.optimizer.zero_grad(set_to_none=True)
-        totals: dict[str, float] = {}
-        chunks = [items[i : i + self.cfg.micro_batch] for i in range(0, len(items), self.cfg.micro_batch)]
-        for chunk in chunks:
-            new_logprobs, mask = self.model.completion_logprobs(
-                [it.prompt_ids for it in chunk], [it.token_ids for it in chunk]
-            )  # [n, T], [n, T]
-            old = _padded([it.old_logprobs for it in chunk], new_logprobs.shape[1])  # [n, T]
-            advantages = torch.tensor([it.advantage for it in chunk], dtype=torch.float32)  # [n]
-            loss, stats = self.loss_fn(new_logprobs, old, advantages, mask, clip_eps=self.cfg.clip_eps)
-            (loss * len(chunk) / len(items)).backward()
-            for key, value in (stats | {"learner/loss": float(loss.detach())}).items():
-                totals[key] = totals.get(key, 0.0) + value * len(chunk) / len(items)
+        lengths = torch.tensor([len(it.token_ids) for it in batch], dtype=torch.float64)  # [n]
+        trajectories = torch.tensor([it.trajectory for it in batch])  # [n]
+        weights = self.aggregation(lengths, trajectories, constant=self.cfg.norm_tokens).float()  # [n]
+        step_loss = 0.0
+        for lo in range(0, len(batch), self.cfg.micro_batch):
+            chunk = batch[lo : lo + self.cfg.micro_batch]
+            scores = self.model.completion_logprobs(
+                [it.prompt_ids for it in chunk], [it.token_ids for it in chunk],
+                temperature=self.temperature, top_p=self.top_p,
+            )  # [c, T] each
+            old = _padded([it.old_logprobs for it in chunk], scores.logprobs.shape[1])  # [c, T]
+            advantages = torch.tensor([it.advantage for it in chunk], dtype=torch.float32)  # [c]
+            terms = self.loss_fn(scores.logprobs, old, advantages, scores.mask, clip_eps=self.cfg.clip_eps)  # [c, T]
+            if self.reference is not None:
+                terms = terms + self.cfg.kl_coef * self._reference_kl(chunk, scores.logprobs, scores.mask)
+            loss = (terms.sum(dim=1) * weights[lo : lo + len(chunk)]).sum()  # []
+            loss.backward()
+            step_loss += float(loss.detach())
+            sums.add((scores.logprobs - old) * scores.mask, scores.entropy, scores.mask, self.cfg.clip_eps)
+        sums.loss += step_loss
+        sums.steps += 1
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
-        totals["learner/grad_norm"] = float(grad_norm)
-        return totals
+        return float(grad_norm)
+
+    def _reference_kl(self, chunk: list[TrainItem], logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Per-token k3 estimate of KL(pi || pi_ref) [c, T] (GRPO's KL penalty against the warm start)."""
+        assert self.reference is not None
+        with torch.no_grad():
+            ref = self.reference.completion_logprobs(
+                [it.prompt_ids for it in chunk], [it.token_ids for it in chunk],
+                temperature=self.temperature, top_p=self.top_p,
+            ).logprobs  # [c, T]
+        log_ratio = ref - logprobs  # [c, T]
+        return (log_ratio.exp() - log_ratio - 1) * mask
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "rng": self._rng.getstate()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._rng.setstate(state["rng"])

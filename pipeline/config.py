@@ -38,6 +38,9 @@ class RunSection(_Section):
     """Hard stop for the GRPO phase (seconds); the run ends cleanly after the current update."""
     progress: bool = True
     """Live progress line on stderr."""
+    target_heldout: float = 0.0
+    """Stop once held-out success (mean over eval splits, measured every `eval.every` updates) reaches
+    this (0 = off)."""
     torch_threads: int = 1
     """torch intra-op threads for the policy thread (the learner has its own setting)."""
 
@@ -60,6 +63,9 @@ class PolicySection(_Section):
     """Most act() requests decoded together."""
     max_wait_ms: float = 2.0
     """How long the batcher waits for more requests after the first one arrives."""
+    empty_output_action: str = ""
+    """The action sent when the model's output parses to nothing ("" = the empty string, an invalid
+    command; the Selective Rollout reference sends "look")."""
     cache_dir: str = ".rollcut_cache"
     """Where the behaviour-cloned warm start is cached (reused by later runs)."""
     options: dict[str, Any] = {}
@@ -80,6 +86,10 @@ class RolloutSection(_Section):
     group_size: int = 8
     slots: int = 64
     """Concurrent rollouts (a group takes group_size slots)."""
+    max_error_rate: float = 0.2
+    """Stop the run (naming the stage and the first exception) once more than this fraction of
+    trajectories failed, counted after `min_trajectories_for_error_rate` trajectories."""
+    min_trajectories_for_error_rate: int = 50
 
 
 class GateSection(_Section):
@@ -106,16 +116,33 @@ class LearnerSection(_Section):
     """B: groups per update."""
     lr: float = 5e-4
     loss: str = "clipped_ratio"
+    """Per-token loss terms (`learner.losses.LOSSES`): clipped_ratio (GRPO/PPO) or reinforce (the reference)."""
+    aggregation: str = "trajectory_mean"
+    """How token terms are weighted (`learner.aggregation.AGGREGATIONS`): turn_mean, trajectory_mean,
+    token_mean, constant (Dr. GRPO, with `norm_tokens`)."""
+    norm_tokens: float = 64.0
+    """The constant normaliser (tokens per trajectory) of the `constant` aggregation."""
+    epochs: int = 1
+    """Passes over an update's items (PPO-style); each mini-batch is one optimizer step."""
+    minibatch_items: int = 0
+    """Items per optimizer step (0 = all items of the update in one step)."""
     clip_eps: float = 0.2
     adv_eps: float = 1e-6
     drop_zero_variance: bool = True
+    keep_zero_advantage_items: bool = False
+    """Train on zero-advantage turns too (they add no gradient but dilute the mean: the reference's setting)."""
     max_staleness: int = 1
-    """Max policy-version lag between generation and training (0 = on-policy)."""
+    """Bound on policy versions: every trained turn has learner version - turn version <= max_staleness
+    (older turns are dropped and counted); admission is paced so that few are."""
     grad_clip: float = 1.0
     micro_batch: int = 64
-    """Items per forward/backward pass (gradients accumulate over micro-batches)."""
-    max_items: int = 192
+    """Items per forward/backward pass (gradients accumulate over micro-batches; weights are exact)."""
+    max_items: int = 0
     """Turns sampled per update from the batch's trajectories (0 = all), as the reference's step items."""
+    kl_coef: float = 0.0
+    """Weight of a KL(pi || warm start) penalty per token (0 = off; costs one more forward pass)."""
+    max_kl: float = 0.0
+    """Stop an update's epochs early once an epoch's approx KL to the behaviour policy exceeds this (0 = off)."""
     torch_threads: int = 1
 
 
@@ -124,6 +151,8 @@ class EvalSection(_Section):
     """Held-out tasks per split for the before/after success measure (0 = skip)."""
     splits: list[str] = msgspec.field(default_factory=lambda: ["heldout_seen", "heldout_unseen"])
     greedy: bool = True
+    every: int = 0
+    """Also measure held-out success every N learner updates during GRPO (0 = only before and after)."""
 
 
 class TransportSection(_Section):
@@ -250,6 +279,19 @@ def _range_problems(cfg: RunConfig) -> list[str]:
         (cfg.learner.micro_batch >= 1, "learner.micro_batch must be >= 1"),
         (cfg.learner.max_items >= 0, "learner.max_items must be >= 0"),
         (cfg.learner.torch_threads >= 1, "learner.torch_threads must be >= 1"),
+        (cfg.learner.epochs >= 1, "learner.epochs must be >= 1"),
+        (cfg.learner.minibatch_items >= 0, "learner.minibatch_items must be >= 0"),
+        (cfg.learner.norm_tokens > 0, "learner.norm_tokens must be > 0"),
+        (cfg.learner.kl_coef >= 0, "learner.kl_coef must be >= 0"),
+        (cfg.learner.max_kl >= 0, "learner.max_kl must be >= 0"),
+        (0 < cfg.rollout.max_error_rate <= 1, "rollout.max_error_rate must be in (0, 1]"),
+        (cfg.rollout.min_trajectories_for_error_rate >= 1, "rollout.min_trajectories_for_error_rate must be >= 1"),
+        (cfg.eval.every >= 0, "eval.every must be >= 0"),
+        (0 <= cfg.run.target_heldout <= 1, "run.target_heldout must be in [0, 1]"),
+        (
+            cfg.run.target_heldout == 0 or (cfg.eval.every > 0 and cfg.eval.tasks > 0),
+            "run.target_heldout needs eval.every > 0 and eval.tasks > 0 (held-out success is measured then)",
+        ),
         (cfg.eval.tasks >= 0, "eval.tasks must be >= 0"),
         (cfg.transport.hwm >= 1, "transport.hwm must be >= 1"),
         (cfg.profile.gpu_sample_hz > 0, "profile.gpu_sample_hz must be > 0"),

@@ -19,7 +19,7 @@ of `pipeline/` do not.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from stages.rollout import RolloutStage
 from .allocation import AdmissionLoop, SlotPool, StalenessPacer
 from .config import RunConfig
 from .messages import AnyMessage, CancelGroup, ControlStream, GroupResult, WeightsPublished
+from .outcomes import FIRST_STAGE_KINDS, MergedOutcomes, is_zero_variance, label_rewards
 from .profiling import Profiler
 from .progress import Progress
 from .rundir import MetricsWriter
@@ -70,6 +71,17 @@ class GrpoTally:
     window_steps_at: int = 0
     window_started: float = 0.0
     loop_lag_s: list[float] = field(default_factory=list)
+    first_stage_groups: int = 0
+    first_stage_cut: int = 0
+    merged_full_size: int = 0
+    """Prompts whose merged group (all its rollout groups) has >= G complete trajectories."""
+    merged_zero_variance: int = 0
+    staleness_lag_max: float = 0.0
+    items_dropped_stale: int = 0
+    items_trained: int = 0
+    lag_sum: float = 0.0
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+    eval_s: float = 0.0
 
 
 @dataclass
@@ -84,6 +96,7 @@ class GrpoOutcome:
     gate: GateStage | None
     allocator: Allocator
     slot_occupancy: float
+    trajectory_slot_occupancy: float
 
     @property
     def env_steps(self) -> int:
@@ -145,8 +158,10 @@ async def run_grpo(
     metrics: MetricsWriter,
     observers: Sequence[Stage] = (),
     progress: Progress | None = None,
+    evaluate: Callable[[int, Mapping[str, Any]], Awaitable[dict[str, float]]] | None = None,
 ) -> GrpoOutcome:
-    """Train until `run.updates` learner updates (or `run.max_wall_s`); returns the phase's outcome."""
+    """Train until `run.updates` learner updates (or `run.max_wall_s`, or `run.target_heldout`); returns
+    the phase's outcome. `evaluate(version, weights)` measures held-out success every `eval.every` updates."""
     tally = GrpoTally()
     done = trio.Event()
     stop_reason = "updates"
@@ -164,7 +179,17 @@ async def run_grpo(
     events_send, events_recv = trio.open_memory_channel[AnyMessage](1024)
     steps_send, steps_recv = trio.open_memory_channel[Any](4096)
     results_send, results_recv = trio.open_memory_channel[GroupResult](4 * cfg.learner.batch_groups)
-    rollout = RolloutStage(suite, policy, tasks, steps_send, profiler=profiler)
+    rollout = RolloutStage(
+        suite, policy, tasks, steps_send, profiler=profiler,
+        max_error_rate=cfg.rollout.max_error_rate, min_trajectories=cfg.rollout.min_trajectories_for_error_rate,
+    )
+    merged = MergedOutcomes(on_settled=lambda rewards, _: _tally_prompt(tally, rewards, cfg.rollout.group_size), window=64)
+    latest_weights: dict[int, Mapping[str, Any]] = {}
+
+    def publish(version: int, state: Mapping[str, Any]) -> None:
+        policy.load_weights(version, state)
+        if evaluate is not None and cfg.eval.every and version % cfg.eval.every == 0:
+            latest_weights[version] = state  # a detached copy: the trainer goes on with its own tensors
     attach = getattr(policy, "attach_profiler", None)  # optional: a backend that records its own spans
     if attach is not None:
         attach(profiler)
@@ -181,19 +206,47 @@ async def run_grpo(
         metrics.write(row)
         if progress is not None:
             progress.update_line(row, final=True)
+        if report.version in latest_weights:
+            evals.start_soon(run_eval, report.version, latest_weights.pop(report.version))
         if report.version >= cfg.run.updates:
+            done.set()
+
+    async def run_eval(version: int, state: Mapping[str, Any]) -> None:
+        assert evaluate is not None
+        t0 = trio.current_time()
+        scores = await evaluate(version, state)
+        tally.eval_s += trio.current_time() - t0
+        row = {"iteration": version, "wall_s": trio.current_time() - started, "env_steps": rollout.env_steps,
+               "eval_s": trio.current_time() - t0} | {f"heldout/{k}": v for k, v in scores.items()}
+        tally.evaluations.append(row)
+        metrics.write(row)
+        if progress is not None:
+            progress.message(f"held-out success at update {version}: " + ", ".join(f"{k} {v:.1%}" for k, v in scores.items()))
+        if cfg.run.target_heldout and scores.get("mean", 0.0) >= cfg.run.target_heldout:
+            nonlocal stop_reason
+            stop_reason = "target_heldout"
             done.set()
 
     def on_consumed(n: int) -> None:
         pacer.consumed(n)
         admission.wake()
 
-    learner = LearnerStage(trainer, cfg.learner, publish=policy.load_weights, on_consumed=on_consumed, on_update=on_update)
+    learner = LearnerStage(trainer, cfg.learner, publish=publish, on_consumed=on_consumed, on_update=on_update)
 
     async def run_one(group_id: int, admission_: Any) -> None:
-        result = await rollout.run_group(group_id, admission_.task_id, admission_.size)
+        kind = getattr(admission_, "kind", "group")
+        parent = getattr(admission_, "parent", None)
+        if kind in FIRST_STAGE_KINDS:
+            merged.open_root(group_id, kind)
+        else:
+            merged.open_child(group_id, parent)
+        result = await rollout.run_group(group_id, admission_.task_id, admission_.size, kind=kind, parent=parent)
         admission.group_finished(admission_.size, cut=result.cut)
         _tally_group(tally, result)
+        if result.cut:
+            merged.discard(group_id)
+        else:
+            merged.add(group_id, label_rewards(result))
         training = allocator.on_result(result)
         refused = [g for g in training if g.cut]
         if refused:  # an allocator bug must not leak a cut group into training
@@ -230,6 +283,7 @@ async def run_grpo(
             await nursery.start(_send_all, zmq, t.steps if gate_stage else None, t.hwm, steps_recv)
             await nursery.start(_send_all, zmq, t.results, t.hwm, results_recv)
             groups = await nursery.start(_host_nursery)
+            evals = await nursery.start(_host_nursery)
             admission = AdmissionLoop(allocator, slots, pacer, lambda gid, adm: groups.start_soon(run_one, gid, adm))
             await nursery.start(admission.run)
             if progress is not None:
@@ -240,7 +294,12 @@ async def run_grpo(
                 stop_reason = "max_wall_s"
                 log.warning("grpo.wall_limit", max_wall_s=cfg.run.max_wall_s, updates=learner.version)
             occupancy = slots.occupancy()
+            wall = trio.current_time() - started
+            trajectory_occupancy = rollout.trajectory_seconds / (cfg.rollout.slots * wall) if wall > 0 else float("nan")
             nursery.cancel_scope.cancel("GRPO phase finished")
+    merged.flush()
+    if gate_stage is not None:
+        gate_stage.finish()
     return GrpoOutcome(
         stop_reason=stop_reason,
         wall_s=trio.current_time() - started,
@@ -252,6 +311,7 @@ async def run_grpo(
         gate=gate_stage,
         allocator=allocator,
         slot_occupancy=occupancy,
+        trajectory_slot_occupancy=trajectory_occupancy,
     )
 
 
@@ -261,19 +321,29 @@ async def _apply_cut(decision: CancelGroup, rollout: RolloutStage, tally: GrpoTa
         tally.shadow_cancels += 1
         return
     if not rollout.cancel(decision.group_id, decision.reason, decision.value):
-        tally.cancels_late += 1
+        tally.cancels_late += 1  # the group had already returned (a finished group's late cut is counted by the rollout)
     await trio.lowlevel.checkpoint()
+
+
+def _tally_prompt(tally: GrpoTally, rewards: list[float], group_size: int) -> None:
+    """A prompt's merged group settled: count it if it has a full group of complete trajectories."""
+    if len(rewards) >= group_size:
+        tally.merged_full_size += 1
+        tally.merged_zero_variance += is_zero_variance(rewards)
 
 
 def _tally_group(tally: GrpoTally, result: GroupResult) -> None:
     tally.groups_finished += 1
-    rewards = [tr.reward for tr in result.trajectories]
+    if result.kind in FIRST_STAGE_KINDS:
+        tally.first_stage_groups += 1
+        tally.first_stage_cut += result.cut
+    rewards = label_rewards(result)
     if result.cut:
         tally.groups_cut += 1
         tally.cut_group_ids.append(result.group_id)
         return
     tally.groups_complete += 1
-    tally.zero_variance_complete += max(rewards) == min(rewards)
+    tally.zero_variance_complete += is_zero_variance(rewards)
     wins = sum(tr.success for tr in result.trajectories)
     tally.all_fail_complete += wins == 0
     tally.all_succeed_complete += wins == len(rewards)
@@ -304,7 +374,7 @@ def _metrics_row(
         "groups_cut": tally.groups_cut,
         "groups_trained": learner.counters.groups_trained,
         "groups_dropped_zero_variance": learner.counters.groups_dropped_zero_variance,
-        "zero_variance_fraction": tally.zero_variance_complete / tally.groups_complete if tally.groups_complete else None,
+        "zero_variance_fraction": tally.merged_zero_variance / tally.merged_full_size if tally.merged_full_size else None,
         "slot_occupancy": slots.occupancy(),
         "env_steps": rollout.env_steps,
         "env_steps_per_s": steps / window_s,
@@ -312,6 +382,12 @@ def _metrics_row(
         "loop_lag_p99_ms": _p99_ms(tally.loop_lag_s),
     }
     row |= dict(report.stats)
+    tally.staleness_lag_max = max(tally.staleness_lag_max, report.stats.get("staleness_lag_max", 0.0))
+    items = report.stats.get("learner/items", 0.0)
+    tally.items_trained += int(items)
+    tally.lag_sum += report.stats.get("staleness_lag_mean", 0.0) * items
+    tally.items_dropped_stale += int(report.stats.get("learner/items_dropped_stale", 0.0))
+    row["trajectory_slot_occupancy"] = rollout.trajectory_seconds / (slots.total * (now - started)) if now > started else None
     row |= dict(allocator.statistics())
     if gate is not None:
         row |= gate.statistics()

@@ -21,6 +21,7 @@ import trio
 
 from gates import GATES
 from gates.allocators import AllocatorContext, build_allocator, check_allocator
+from learner.aggregation import AGGREGATIONS
 from learner.losses import LOSSES
 from learner.trainer import Trainer
 from stages.envs import ENVS, EnvSuite, Task
@@ -43,6 +44,7 @@ def name_checks(cfg: RunConfig) -> list[str]:
     problems += POLICIES.check(cfg.policy.backend, "policy.backend")
     problems += GATES.check(cfg.gate.name, "gate.name")
     problems += LOSSES.check(cfg.learner.loss, "learner.loss")
+    problems += AGGREGATIONS.check(cfg.learner.aggregation, "learner.aggregation")
     problems += [f"allocator: {p}" for p in check_allocator(cfg.allocator.name, cfg.allocator.options)]
     for i, spec in enumerate(cfg.stages):
         problems += STAGES.check(spec.target, f"stages[{i}].target")
@@ -75,6 +77,25 @@ async def evaluate_heldout(policy: Policy, suite: EnvSuite, splits: dict[str, li
             reports[split] = await evaluate(policy, suite, tasks, greedy=greedy)
         nursery.cancel_scope.cancel("evaluation finished")
     return reports
+
+
+def _periodic_evaluator(cfg: RunConfig, suite: EnvSuite, splits: dict[str, list[Task]]) -> Any:
+    """`evaluate(version, weights)` for the GRPO phase: a second policy of the same backend (the cached
+    warm start), loaded with exactly that version's weights, so the figure is that version's whatever the
+    live policy loads meanwhile."""
+    holder: list[Policy] = []
+
+    async def evaluate_version(version: int, state: Any) -> dict[str, float]:
+        if not holder:
+            holder.append(await trio.to_thread.run_sync(build_policy, cfg, suite))
+        policy = holder[0]
+        policy.load_weights(version, state)
+        reports = await evaluate_heldout(policy, suite, splits, cfg.eval.greedy)
+        scores = {split.removeprefix("heldout_"): r.success for split, r in reports.items()}
+        mean = _mean_success(reports)
+        return scores | ({"mean": mean} if mean is not None else {})
+
+    return evaluate_version
 
 
 @dataclass
@@ -112,7 +133,10 @@ async def run_job(cfg: RunConfig, *, progress: Progress | None = None) -> JobRes
             cfg.allocator.options,
             AllocatorContext(tasks=train, group_size=cfg.rollout.group_size, batch_groups=cfg.learner.batch_groups, seed=cfg.run.seed),
         )
-        trainer = Trainer(policy.trainable(), cfg.learner, LOSSES.get(cfg.learner.loss), seed=cfg.run.seed)
+        trainer = Trainer(
+            policy.trainable(), cfg.learner, LOSSES.get(cfg.learner.loss),
+            temperature=cfg.policy.temperature, top_p=cfg.policy.top_p, seed=cfg.run.seed,
+        )
         observers = [build_stage(spec.target, spec.options) for spec in cfg.stages]
         profiler = Profiler.from_config(cfg.profile, thread_cpu=cfg.profile.thread_cpu, gpu_stages=cfg.profile.gpu_stages)
         metrics = MetricsWriter(run_dir)
@@ -121,12 +145,15 @@ async def run_job(cfg: RunConfig, *, progress: Progress | None = None) -> JobRes
             f"gate {'on' if cfg.gate.enabled else 'off'}{' (shadow)' if cfg.gate.enabled and cfg.gate.shadow else ''}, "
             f"allocator {cfg.allocator.name}"
         )
+        tokens_before = _generated_tokens(policy)
         async with profiler.sampling():
             outcome = await run_grpo(
                 cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in train}, allocator=allocator,
                 trainer=trainer, run_dir=run_dir, profiler=profiler, metrics=metrics, observers=observers,
-                progress=progress,
+                progress=progress, evaluate=_periodic_evaluator(cfg, suite, splits) if cfg.eval.every and splits else None,
             )
+        tokens_after = _generated_tokens(policy)
+        generated = tokens_after - tokens_before if tokens_before is not None and tokens_after is not None else None
         metrics.close()
         report = profiler.finish()
         profiler.write(run_dir)
@@ -135,7 +162,7 @@ async def run_job(cfg: RunConfig, *, progress: Progress | None = None) -> JobRes
         progress.message("held-out success after GRPO:  " + _fmt_eval(after))
         _save_checkpoints(run_dir, trainer, allocator)
         summary = _summary(cfg, outcome, before, after, warm_start_s, time.perf_counter() - wall_started,
-                           profiler_overhead_pct=overhead["overhead_pct"] if overhead else None)
+                           profiler_overhead_pct=overhead["overhead_pct"] if overhead else None, generated_tokens=generated)
         write_summary(run_dir, summary, {"Per-stage profile": report.table_markdown(), "Held-out success by family": _family_table(before, after)})
         log.info("job.finished", **{k: v for k, v in summary.items() if not isinstance(v, dict | list)})
         return JobResult(run_dir, summary, outcome)
@@ -164,7 +191,7 @@ def _mean_success(reports: dict[str, EvalReport]) -> float | None:
 
 def _summary(
     cfg: RunConfig, outcome: GrpoOutcome, before: dict[str, EvalReport], after: dict[str, EvalReport], warm_start_s: float, wall_s: float,
-    *, profiler_overhead_pct: float | None,
+    *, profiler_overhead_pct: float | None, generated_tokens: int | None = None,
 ) -> dict[str, Any]:
     tally, learner = outcome.tally, outcome.learner.counters
     gate_stats = outcome.gate.statistics() if outcome.gate is not None else {}
@@ -180,7 +207,13 @@ def _summary(
         "groups_trained": learner.groups_trained,
         "groups_dropped_zero_variance": learner.groups_dropped_zero_variance,
         "cut_groups_reaching_learner": learner.cut_groups_refused + tally.cut_emission_refused,
-        "zero_variance_fraction": tally.zero_variance_complete / tally.groups_complete if tally.groups_complete else None,
+        "zero_variance_fraction": tally.merged_zero_variance / tally.merged_full_size if tally.merged_full_size else None,
+        "zero_variance_prompts": tally.merged_full_size,
+        "first_stage_groups": tally.first_stage_groups,
+        "first_stage_cut_fraction": tally.first_stage_cut / tally.first_stage_groups if tally.first_stage_groups else None,
+        "gate_decisions_by_kind": {k.rsplit("/", 1)[1]: v for k, v in gate_stats.items() if k.startswith("gate/decisions/")},
+        "gate_groups_seen_by_kind": {k.rsplit("/", 1)[1]: v for k, v in gate_stats.items() if k.startswith("gate/groups_seen/")},
+        "cuts_late": outcome.rollout.cuts_late + tally.cancels_late,
         "groups_all_fail": tally.all_fail_complete,
         "groups_mixed": tally.groups_complete - tally.all_fail_complete - tally.all_succeed_complete,
         "groups_all_succeed": tally.all_succeed_complete,
@@ -189,16 +222,25 @@ def _summary(
         "gate_us_per_decision": gate_stats.get("gate/us_per_decision"),
         "gate_cpu_us_per_decision": gate_stats.get("gate/cpu_us_per_decision"),
         "slot_occupancy": outcome.slot_occupancy,
+        "trajectory_slot_occupancy": outcome.trajectory_slot_occupancy,
+        "staleness_lag_max": tally.staleness_lag_max,
+        "staleness_lag_mean": tally.lag_sum / tally.items_trained if tally.items_trained else None,
+        "items_dropped_stale": tally.items_dropped_stale,
+        "items_trained": tally.items_trained,
         "env_steps": outcome.env_steps,
         "env_steps_per_s": outcome.env_steps / outcome.wall_s if outcome.wall_s > 0 else None,
         "rollouts_spent": alloc.get("allocator/rollouts_spent"),
         "trajectories_failed": outcome.rollout.trajectories_failed,
+        "generated_tokens": generated_tokens,
         "learner_updates": learner.updates,
         "train_success_rate": tally.successes / tally.rollouts_finished if tally.rollouts_finished else None,
         "heldout_success_before": _mean_success(before),
         "heldout_success_after": _mean_success(after),
         "heldout_before": {s: r.success for s, r in before.items()},
         "heldout_after": {s: r.success for s, r in after.items()},
+        "heldout_tasks_per_split": cfg.eval.tasks,
+        "heldout_curve": tally.evaluations,
+        "eval_s": tally.eval_s,
         "loop_lag_p99_ms": outcome.loop_lag_p99_ms(),
         "profiler_overhead_pct": profiler_overhead_pct,
         "warm_start_s": warm_start_s,
@@ -206,6 +248,12 @@ def _summary(
         "wall_s": wall_s,
         "allocator_stats": alloc,
     }
+
+
+def _generated_tokens(policy: Policy) -> int | None:
+    """Tokens the policy generated so far, if the backend counts them (`statistics().generated_tokens`)."""
+    stats = getattr(policy, "statistics", None)
+    return getattr(stats(), "generated_tokens", None) if stats is not None else None
 
 
 def _save_checkpoints(run_dir: Path, trainer: Trainer, allocator: Any) -> None:

@@ -41,6 +41,11 @@ class GroupOpened(_Message):
     policy_version: int
     admitted_at: float
     """Monotonic seconds (trio clock) at admission."""
+    kind: str = "group"
+    """The allocator's admission kind: group, pilot, explore (a prompt's first stage: gated), or a later
+    stage of the same prompt such as commit or rescue (never gated)."""
+    parent: int | None = None
+    """Group id of the earlier group of the same prompt that a later-stage group extends."""
 
 
 class StepEvent(_Message):
@@ -73,6 +78,8 @@ class GroupClosed(_Message):
     cut: bool
     steps: int
     """Env steps spent by the whole group."""
+    complete: list[bool] = []
+    """Per rollout: ended by itself (not cut, not failed). Only these rewards are labels. Empty = all."""
 
 
 class CancelGroup(_Message):
@@ -95,6 +102,8 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     logprobs: list[float]
     action: str
     policy_version: int
+    admissible: bool = True
+    """The parsed action was one of the environment's admissible commands (or none were listed)."""
 
 
 class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
@@ -116,6 +125,9 @@ class GroupResult(_Message):
     cut_reason: str = ""
     gate_value: float | None = None
     wall_s: float = 0.0
+    kind: str = "group"
+    """The admission kind the group ran as (see `GroupOpened.kind`)."""
+    parent: int | None = None
 
 
 class WeightsPublished(_Message):

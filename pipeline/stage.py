@@ -26,6 +26,14 @@ from .registry import Registry
 from .transport import Context, Socket
 
 
+class StageFailed(RuntimeError):
+    """A stage cannot go on (e.g. most of its work fails): the run stops with this one message."""
+
+    def __init__(self, stage: str, message: str) -> None:
+        self.stage = stage
+        super().__init__(f"stage {stage!r}: {message}")
+
+
 @dataclass(frozen=True)
 class StageContext:
     zmq: Context

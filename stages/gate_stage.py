@@ -3,6 +3,12 @@
 Any registered gate (`gates.GATES`, or `module:Class`) can be plugged in by `gate.name`. In shadow mode
 the stage sends the decision flagged `shadow=True` (nothing is cancelled) and, when the group closes,
 scores it against the group's real reward variance for online precision/recall.
+
+Only a prompt's first-stage group (admission kind group / pilot / explore) of size >= 2 is gated: a
+Pilot-Commit commit group or an AERO rescue chunk extends a prompt the allocator already chose to spend
+more on, and a single rollout has no pairs to compare. Shadow labels are the zero variance of the
+prompt's *merged* group (first stage + later stages, complete trajectories only: a failed or cut
+rollout's partial reward is no label).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import trio
 
 from gates import GATES, ShadowLedger
 from pipeline.messages import CancelGroup, GroupClosed, GroupOpened, RolloutFailed, StepEvent, StepStream
+from pipeline.outcomes import FIRST_STAGE_KINDS, MergedOutcomes
 from pipeline.stage import StageContext
 
 
@@ -35,11 +42,17 @@ class GateStage:
         self.shadow = shadow
         self.ledger = ShadowLedger()
         self._would_cut: set[int] = set()
+        self._gated: set[int] = set()
+        self._labels = MergedOutcomes(on_settled=self._score, window=64)
+        self.groups_by_kind: dict[str, int] = {}
+        self.decisions_by_kind: dict[str, int] = {}
         self.decisions = 0
         self.cuts = 0
         self.decision_seconds = 0.0
         self.decision_cpu_seconds = 0.0
         self.groups_seen = 0
+        self._gated_closed = 0
+        self._kinds: dict[int, str] = {}
 
     def statistics(self) -> dict[str, float | None]:
         per_decision = self.decision_seconds / self.decisions * 1e6 if self.decisions else None
@@ -51,10 +64,21 @@ class GateStage:
             "gate/us_per_decision": per_decision,
             "gate/cpu_us_per_decision": cpu_per_decision,
             "gate/open_groups": self.gate.open_groups if hasattr(self.gate, "open_groups") else None,
+            "gate/groups_gated": len(self._gated) + self._gated_closed,
         }
+        stats |= {f"gate/groups_seen/{kind}": n for kind, n in sorted(self.groups_by_kind.items())}
+        stats |= {f"gate/decisions/{kind}": n for kind, n in sorted(self.decisions_by_kind.items())}
         if self.shadow:
             stats |= self.ledger.as_dict()
         return stats
+
+    def finish(self) -> None:
+        """Settle every pending shadow label (call once the step stream has ended)."""
+        self._labels.flush()
+
+    def _score(self, rewards: list[float], would_cut: object) -> None:
+        if self.shadow and rewards:
+            self.ledger.record(bool(would_cut), rewards)
 
     async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         steps = ctx.zmq.socket("pull", ctx.addresses.steps, bind=True, receives=StepStream, hwm=ctx.addresses.hwm)
@@ -68,34 +92,55 @@ class GateStage:
 
     def _handle(self, message: StepStream, ctx: StageContext) -> CancelGroup | None:
         match message:
-            case GroupOpened(group_id=gid, size=size):
+            case GroupOpened(group_id=gid, size=size, kind=kind, parent=parent):
                 self.groups_seen += 1
-                self.gate.open(gid, size)
-            case StepEvent() | RolloutFailed():
-                with ctx.profiler.span("gate", "decide"):
-                    t0, c0 = time.perf_counter(), time.thread_time()
-                    decision = self.gate.observe(message)
-                    if decision is not None:
-                        # Wall time includes waiting for the GIL behind the policy and learner threads;
-                        # thread CPU time is what the decision itself costs.
-                        self.decision_seconds += time.perf_counter() - t0
-                        self.decision_cpu_seconds += time.thread_time() - c0
-                        self.decisions += 1
-                ctx.profiler.items("gate", 1)
-                if decision is not None and decision.cut:
-                    self.cuts += 1
-                    self._would_cut.add(message.group_id)
-                    return CancelGroup(
-                        group_id=message.group_id,
-                        reason=decision.reason,
-                        gate=self.gate.name,
-                        value=decision.value,
-                        shadow=self.shadow,
-                    )
-            case GroupClosed(group_id=gid, rewards=rewards, cut=cut):
-                self.gate.close(gid)
-                would_cut = gid in self._would_cut
-                self._would_cut.discard(gid)
-                if self.shadow and not cut:
-                    self.ledger.record(would_cut, rewards)
+                self.groups_by_kind[kind] = self.groups_by_kind.get(kind, 0) + 1
+                if kind in FIRST_STAGE_KINDS:
+                    self._labels.open_root(gid, kind, False)
+                else:
+                    self._labels.open_child(gid, parent)
+                if kind in FIRST_STAGE_KINDS and size >= 2:
+                    self._gated.add(gid)
+                    self._kinds[gid] = kind
+                    self.gate.open(gid, size)
+            case StepEvent() | RolloutFailed() if message.group_id in self._gated:
+                return self._observe(message, ctx)
+            case GroupClosed(group_id=gid, rewards=rewards, cut=cut, complete=complete):
+                if gid in self._gated:
+                    self._gated.discard(gid)
+                    self._kinds.pop(gid, None)
+                    self._gated_closed += 1
+                    self.gate.close(gid)
+                if gid in self._would_cut:
+                    self._would_cut.discard(gid)
+                    self._labels.set_data(gid, True)
+                if cut:
+                    self._labels.discard(gid)
+                else:
+                    self._labels.add(gid, [r for r, ok in zip(rewards, complete or [True] * len(rewards), strict=True) if ok])
         return None
+
+    def _observe(self, message: StepEvent | RolloutFailed, ctx: StageContext) -> CancelGroup | None:
+        with ctx.profiler.span("gate", "decide"):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            decision = self.gate.observe(message)
+            if decision is not None:
+                # Wall time includes waiting for the GIL behind the policy and learner threads;
+                # thread CPU time is what the decision itself costs.
+                self.decision_seconds += time.perf_counter() - t0
+                self.decision_cpu_seconds += time.thread_time() - c0
+                self.decisions += 1
+                kind = self._kinds.get(message.group_id, "group")
+                self.decisions_by_kind[kind] = self.decisions_by_kind.get(kind, 0) + 1
+        ctx.profiler.items("gate", 1)
+        if decision is None or not decision.cut:
+            return None
+        self.cuts += 1
+        self._would_cut.add(message.group_id)
+        return CancelGroup(
+            group_id=message.group_id,
+            reason=decision.reason,
+            gate=self.gate.name,
+            value=decision.value,
+            shadow=self.shadow,
+        )

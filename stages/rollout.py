@@ -4,7 +4,13 @@ Each rollout runs the agent loop (observation -> policy -> action -> env step) a
 per step. The group's nursery lives under its own `CancelScope`; `cancel(group_id, ...)` (a gate's
 `CancelGroup`) cancels that scope: in-flight policy requests are abandoned (the policy server drops
 them), each environment episode is closed in a `finally`, and `run_group` returns at once so the caller
-frees the slots. A failing environment or policy call fails that one trajectory, not the group.
+frees the slots. A failing environment or policy call fails that one trajectory, not the group; when
+more than `max_error_rate` of the trajectories so far failed (after `min_trajectories` of them), the
+stage raises `StageFailed` naming the first exception, so a systematic failure never runs on silently
+as a stream of zero rewards.
+
+A group counts as cut only if the cut actually cancelled work (some member was still running): a
+`CancelGroup` that arrives after every member ended is late, and the group is reported complete.
 
 Cancellation: only the group's own scope is caught here; a cancel from outside (shutdown) propagates.
 """
@@ -29,6 +35,7 @@ from pipeline.messages import (
     Turn,
 )
 from pipeline.profiling import Profiler
+from pipeline.stage import StageFailed
 from stages.envs.base import Environment, EnvSuite, Task
 from stages.policy.base import AgentContext, Policy
 
@@ -77,6 +84,8 @@ class RolloutStage:
         *,
         profiler: Profiler,
         clock: Callable[[], float] = trio.current_time,
+        max_error_rate: float = 1.0,
+        min_trajectories: int = 50,
     ) -> None:
         self.suite = suite
         self.policy = policy
@@ -86,8 +95,17 @@ class RolloutStage:
         self.clock = clock
         self._scopes: dict[int, trio.CancelScope] = {}
         self._cuts: dict[int, _Cut] = {}
+        self.max_error_rate = max_error_rate
+        self.min_trajectories = min_trajectories
         self.env_steps = 0
+        self.trajectories_ended = 0
+        """Trajectories that completed or failed (cut ones are not counted)."""
         self.trajectories_failed = 0
+        self.first_error = ""
+        self.trajectory_seconds = 0.0
+        """Seconds trajectories spent running, summed (for trajectory-level slot occupancy)."""
+        self.cuts_late = 0
+        """Cut requests that found every member already ended (the group is reported complete)."""
 
     @property
     def running_groups(self) -> int:
@@ -102,13 +120,16 @@ class RolloutStage:
         scope.cancel()
         return True
 
-    async def run_group(self, group_id: int, task_id: str, size: int) -> GroupResult:
+    async def run_group(
+        self, group_id: int, task_id: str, size: int, *, kind: str = "group", parent: int | None = None
+    ) -> GroupResult:
         """Roll out `size` trajectories of `task_id`; returns when all ended or the group was cut."""
         task = self.tasks[task_id]
         started = self.clock()
         await self.steps_out.send(
             GroupOpened(
-                group_id=group_id, task_id=task_id, size=size, policy_version=self.policy.version, admitted_at=started
+                group_id=group_id, task_id=task_id, size=size, policy_version=self.policy.version,
+                admitted_at=started, kind=kind, parent=parent,
             )
         )
         records = [_Record(i) for i in range(size)]
@@ -122,6 +143,9 @@ class RolloutStage:
         finally:
             del self._scopes[group_id]
         cut = self._cuts.pop(group_id, None)
+        if cut is not None and not any(r.status == TrajectoryStatus.CUT for r in records):
+            cut = None  # every member had already ended: the cut cancelled no work
+            self.cuts_late += 1
         result = GroupResult(
             group_id=group_id,
             task_id=task_id,
@@ -130,6 +154,8 @@ class RolloutStage:
             cut_reason=cut.reason if cut else "",
             gate_value=cut.value if cut else None,
             wall_s=self.clock() - started,
+            kind=kind,
+            parent=parent,
         )
         await self.steps_out.send(
             GroupClosed(
@@ -137,22 +163,38 @@ class RolloutStage:
                 rewards=[r.reward for r in records],
                 cut=result.cut,
                 steps=sum(len(r.turns) for r in records),
+                complete=[r.status == TrajectoryStatus.COMPLETE for r in records],
             )
         )
         return result
 
     async def _trajectory(self, group_id: int, task: Task, record: _Record) -> None:
+        started = self.clock()
         env = self.suite.make()
         try:
             await self._agent_loop(group_id, task, record, env)
+            self.trajectories_ended += 1
         except Exception as exc:  # env or policy failure: this trajectory only (Cancelled is not an Exception)
             record.status = TrajectoryStatus.ERROR
             record.error = f"{type(exc).__name__}: {exc}"
+            self.trajectories_ended += 1
             self.trajectories_failed += 1
+            self.first_error = self.first_error or record.error
             log.warning("rollout.trajectory_failed", group_id=group_id, rollout=record.rollout_index, error=record.error)
             await self.steps_out.send(RolloutFailed(group_id=group_id, rollout_index=record.rollout_index, error=record.error))
+            self._check_error_rate()
         finally:
             env.close()
+            self.trajectory_seconds += self.clock() - started
+
+    def _check_error_rate(self) -> None:
+        ended, failed = self.trajectories_ended, self.trajectories_failed
+        if ended >= self.min_trajectories and failed > self.max_error_rate * ended:
+            raise StageFailed(
+                self.name,
+                f"{failed} of {ended} trajectories failed (more than rollout.max_error_rate = {self.max_error_rate:g}); "
+                f"first failure: {self.first_error}",
+            )
 
     async def _agent_loop(self, group_id: int, task: Task, record: _Record, env: Environment) -> None:
         with self.profiler.span("rollout", "env_reset"):
@@ -173,6 +215,7 @@ class RolloutStage:
                     logprobs=act.logprobs,
                     action=act.action,
                     policy_version=act.policy_version,
+                    admissible=not observation.admissible or act.action in observation.admissible,
                 )
             )
             with self.profiler.span("rollout", "env_step"):

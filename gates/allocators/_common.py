@@ -13,22 +13,20 @@ from typing import Any
 import msgspec
 
 from pipeline.messages import GroupResult, Trajectory, TrajectoryStatus
+from pipeline.outcomes import is_zero_variance as is_zero_variance
+from pipeline.outcomes import label_rewards
 
 # --------------------------------------------------------------------------------------------------
 # Group helpers
 
 
 def rewards_of(result: GroupResult) -> list[float]:
-    return [t.reward for t in result.trajectories]
+    """Rewards of the complete trajectories (failed and cut ones are no label)."""
+    return label_rewards(result)
 
 
 def successes_of(result: GroupResult) -> list[bool]:
     return [t.success for t in result.trajectories]
-
-
-def is_zero_variance(rewards: Sequence[float]) -> bool:
-    """All rewards equal: GRPO advantages are all zero (an empty group counts as zero-variance)."""
-    return len(rewards) == 0 or max(rewards) == min(rewards)
 
 
 def trainable(result: GroupResult) -> bool:

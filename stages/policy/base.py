@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 import trio
@@ -39,6 +39,17 @@ class ActResult:
     policy_version: int
 
 
+class CompletionScores(NamedTuple):
+    """What a trainable model says about completions under the rollouts' sampling distribution."""
+
+    logprobs: torch.Tensor
+    """[N, T] log mu(token) (differentiable); 0 on padding."""
+    mask: torch.Tensor
+    """[N, T] 1.0 on real completion tokens."""
+    entropy: torch.Tensor
+    """[N, T] entropy of the sampling distribution at each completion position (detached); 0 on padding."""
+
+
 @runtime_checkable
 class TrainableModel(Protocol):
     """What the learner trains: a torch module that scores completions."""
@@ -50,13 +61,16 @@ class TrainableModel(Protocol):
     def train(self, mode: bool = True) -> Any: ...
 
     def completion_logprobs(
-        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-token log-probs of each completion given its prompt.
-
-        Returns:
-            (logprobs [N, T], mask [N, T]) with T the longest completion; mask is 1.0 on real tokens.
-        """
+        self,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Sequence[int]],
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+    ) -> CompletionScores:
+        """Per-token log-probs of each completion given its prompt, under the (temperature, top-p)
+        distribution the rollouts sampled from (`stages.policy.sampling.sampled_logprobs`): at unchanged
+        weights they equal the `ActResult.logprobs` recorded at sampling. T is the longest completion."""
         ...
 
 

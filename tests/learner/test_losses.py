@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from learner.losses import LOSSES, clipped_ratio_loss, reinforce_loss, token_mean_loss
+from learner.losses import LOSSES, clipped_ratio_loss, reinforce_loss
 
 
 def _batch():
@@ -11,35 +11,27 @@ def _batch():
     return old, mask, adv
 
 
-def test_ratio_one_gives_minus_mean_advantage():
+def test_ratio_one_gives_minus_advantage_per_token_and_zero_on_padding():
     old, mask, adv = _batch()
-    loss, stats = clipped_ratio_loss(old.clone(), old, adv, mask, clip_eps=0.2)
-    assert float(loss) == pytest.approx(-adv.mean().item())
-    assert stats["learner/ratio_mean"] == pytest.approx(1.0)
-    assert stats["learner/clip_fraction"] == 0.0
+    terms = clipped_ratio_loss(old.clone(), old, adv, mask, clip_eps=0.2)
+    assert terms.tolist() == [[-1.0, -1.0, 0.0], [1.0, 0.0, 0.0]]
 
 
 def test_clipping_caps_a_positive_advantage_ratio():
     old, mask, adv = _batch()
     new = old + torch.log(torch.tensor(2.0))  # ratio 2 everywhere
-    loss, stats = clipped_ratio_loss(new, old, adv, mask, clip_eps=0.2)
+    terms = clipped_ratio_loss(new, old, adv, mask, clip_eps=0.2)
     # item 0 (A=+1): min(2, 1.2) = 1.2 -> -1.2; item 1 (A=-1): min(-2, -1.2) = -2 -> +2
-    assert float(loss) == pytest.approx((-1.2 + 2.0) / 2)
-    assert stats["learner/clip_fraction"] == pytest.approx(1.0)
+    assert terms[0, :2].tolist() == pytest.approx([-1.2, -1.2])
+    assert terms[1, 0].item() == pytest.approx(2.0)
 
 
-def test_token_mean_weighs_tokens_not_items():
+def test_reinforce_is_minus_advantage_times_logprob():
     old, mask, adv = _batch()
-    loss, _ = token_mean_loss(old.clone(), old, adv, mask, clip_eps=0.2)
-    assert float(loss) == pytest.approx((-1 - 1 + 1) / 3)
-
-
-def test_reinforce_is_advantage_weighted_mean_logprob():
-    old, mask, adv = _batch()
-    loss, _ = reinforce_loss(old.clone(), old, adv, mask, clip_eps=0.2)
-    assert float(loss) == pytest.approx(-((1.0 * -1.5) + (-1.0 * -0.5)) / 2)
+    terms = reinforce_loss(old.clone(), old, adv, mask, clip_eps=0.2)
+    assert terms.flatten().tolist() == pytest.approx([1.0, 2.0, 0.0, -0.5, 0.0, 0.0])
 
 
 def test_every_variant_is_registered_by_name():
-    assert set(LOSSES.names()) >= {"clipped_ratio", "token_mean", "reinforce"}
+    assert set(LOSSES.names()) >= {"clipped_ratio", "reinforce"}
     assert LOSSES.get("clipped_ratio") is clipped_ratio_loss

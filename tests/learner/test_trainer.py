@@ -11,14 +11,15 @@ from pipeline.messages import GroupResult, Trajectory, TrajectoryStatus, Turn
 from .toy_model import BigramModel
 
 
-def _group(model, gid, rewards, completion=(3, 4, 5), cut=False, statuses=None):
+def _group(model, gid, rewards, completion=(3, 4, 5), cut=False, statuses=None, version=0):
     with torch.no_grad():
-        old, _ = model.completion_logprobs([[1, 2]], [list(completion)])
+        old = model.completion_logprobs([[1, 2]], [list(completion)]).logprobs
+        old_fail = model.completion_logprobs([[1, 2]], [[6, 7]]).logprobs
     trajectories = [
         Trajectory(
             rollout_index=i,
             turns=[Turn(prompt_ids=[1, 2], token_ids=list(completion) if r > 0 else [6, 7],
-                        logprobs=old[0].tolist() if r > 0 else [-2.7, -2.7], action="a", policy_version=0)],
+                        logprobs=old[0].tolist() if r > 0 else old_fail[0].tolist(), action="a", policy_version=version)],
             reward=r,
             success=r > 0,
             status=(statuses or {}).get(i, TrajectoryStatus.COMPLETE),
@@ -35,7 +36,8 @@ def test_items_skip_failed_trajectories_and_zero_advantage():
         _group(model, 1, [1.0, 1.0, 1.0]),  # zero variance: no items
         _group(model, 2, [1.0, 0.0, 0.0], statuses={1: TrajectoryStatus.ERROR, 2: TrajectoryStatus.ERROR}),
     ]
-    items = build_items(groups, eps=1e-6)
+    items, counts = build_items(groups, eps=1e-6)
+    assert counts.zero_advantage == 3  # the zero-variance group's three turns carry no gradient
     assert len(items) == 4  # group 0 only; group 2 has a single usable trajectory
     assert sum(it.advantage for it in items) == pytest.approx(0.0, abs=1e-5)
 
@@ -60,7 +62,7 @@ def test_updates_lower_the_loss_and_change_the_parameters():
     assert any(not torch.equal(before[k], state[k]) for k in before)
     # the winning completion became more likely
     with torch.no_grad():
-        now, _ = model.completion_logprobs([[1, 2]], [[3, 4, 5]])
+        now = model.completion_logprobs([[1, 2]], [[3, 4, 5]]).logprobs
     assert float(now.sum()) > float(sum(batch[0].trajectories[0].turns[0].logprobs))
 
 
@@ -70,3 +72,72 @@ def test_published_state_is_a_detached_copy():
     state, _ = trainer.update([_group(model, 0, [1.0, 0.0])])
     trainer.update([_group(model, 1, [1.0, 0.0])])
     assert not torch.equal(state["table.weight"], model.state_dict()["table.weight"])
+
+
+def test_zero_advantage_items_are_kept_only_when_asked():
+    model = BigramModel()
+    groups = [_group(model, 0, [1.0, 0.0]), _group(model, 1, [1.0, 1.0])]
+    assert len(build_items(groups, eps=1e-6)[0]) == 2
+    items, _ = build_items(groups, eps=1e-6, keep_zero_advantage=True)
+    assert len(items) == 4 and sorted(it.advantage for it in items)[1:3] == [0.0, 0.0]
+
+
+def test_turns_older_than_the_staleness_bound_are_dropped_and_counted():
+    model = BigramModel()
+    groups = [_group(model, 0, [1.0, 0.0], version=3), _group(model, 1, [1.0, 0.0], version=5)]
+    items, counts = build_items(groups, eps=1e-6, learner_version=5, max_staleness=1)
+    assert counts.dropped_stale == 2
+    assert [it.lag for it in items] == [0, 0]
+    trainer = Trainer(model, LearnerSection(lr=0.01, max_staleness=1), clipped_ratio_loss)
+    _, stats = trainer.update(groups, version=5)
+    assert stats["learner/items_dropped_stale"] == 2.0
+    assert stats["staleness_lag_max"] == 0.0
+    _, stats = trainer.update([_group(model, 2, [1.0, 0.0], version=4)], version=5)
+    assert stats["staleness_lag_max"] == 1.0 and stats["learner/items"] == 2.0
+
+
+def _one_step_grads(micro_batch: int, aggregation: str):
+    model = BigramModel(seed=3)
+    trainer = Trainer(model, LearnerSection(lr=1e-3, micro_batch=micro_batch, aggregation=aggregation), clipped_ratio_loss)
+    batch = [
+        _group(model, 0, [1.0, 0.0, 0.0], completion=(3, 4, 5, 6, 7)),
+        _group(model, 1, [0.0, 1.0, 1.0], completion=(8,)),
+    ]
+    captured = {}
+    original = trainer.optimizer.step
+
+    def capture():
+        captured["grad"] = model.table.weight.grad.clone()
+        original()
+
+    trainer.optimizer.step = capture
+    _, stats = trainer.update(batch)
+    return captured["grad"], stats
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "turn_mean", "trajectory_mean", "constant"])
+def test_micro_batching_does_not_change_the_normalisation(aggregation):
+    whole, _ = _one_step_grads(64, aggregation)
+    split, _ = _one_step_grads(1, aggregation)
+    torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-7)
+
+
+def test_max_kl_stops_the_epochs_early():
+    model = BigramModel()
+    batch = [_group(model, g, [1.0, 0.0, 0.0, 1.0]) for g in range(3)]
+    _, free = Trainer(model, LearnerSection(lr=0.5, epochs=4), clipped_ratio_loss).update(batch)
+    assert free["learner/epochs"] == 4.0
+    model = BigramModel()
+    batch = [_group(model, g, [1.0, 0.0, 0.0, 1.0]) for g in range(3)]
+    _, capped = Trainer(model, LearnerSection(lr=0.5, epochs=4, max_kl=1e-9), clipped_ratio_loss).update(batch)
+    assert capped["learner/epochs"] == 2.0  # epoch 1 is on-policy (KL 0); epoch 2 sees the moved weights
+
+
+def test_update_reports_the_figures_that_show_trouble_coming():
+    model = BigramModel()
+    _, stats = Trainer(model, LearnerSection(lr=0.05), clipped_ratio_loss).update([_group(model, 0, [1.0, 0.0])])
+    for key in ("learner/ratio_mean", "learner/clip_fraction", "learner/approx_kl", "learner/entropy",
+                "learner/invalid_action_fraction", "learner/batch_success", "staleness_lag_mean"):
+        assert key in stats
+    assert stats["learner/ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # first epoch, unchanged weights
+    assert stats["learner/entropy"] > 0

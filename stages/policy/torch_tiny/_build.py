@@ -106,6 +106,7 @@ def build_policy(
         max_wait_ms=cfg.max_wait_ms,
         threads=opts.threads,
         fuzzy_cutoff=opts.fuzzy_cutoff,
+        empty_output_action=cfg.empty_output_action,
     )
     log.info("policy.model", params=model.num_parameters(), vocab=len(tokenizer), **model_cfg.to_dict())
     if pretrain.enabled:

@@ -5,8 +5,8 @@ request's own generator. A token is chosen by inverting the (temperature, top-p)
 the row's uniform, so a request's tokens depend on its own row only and not on which other requests share
 its batch (padding changes logits only by float rounding, ~1e-6).
 
-Recorded log-probs are the model's log-softmax at temperature 1 over the full vocabulary (see
-`_model.py`), whatever temperature / top-p the token was sampled with.
+Recorded log-probs are those of the distribution each token was sampled from (temperature-scaled, top-p
+renormalised; `stages.policy.sampling`), the same quantity the learner recomputes.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from stages.policy.sampling import sampled_logprobs
 
 from ._model import KVCache, TinyLM
 
@@ -88,7 +90,7 @@ def generate(
         logits = model.logits(h).float()  # [B, V]
         tok = choose_tokens(logits, uniforms[:, t], greedy_t, temperature=temperature, top_p=top_p)  # [B]
         tokens[:, t] = tok
-        logps[:, t] = F.log_softmax(logits, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
+        logps[:, t] = sampled_logprobs(logits, tok, temperature=temperature, top_p=top_p)
         steps = t + 1
         done |= torch.isin(tok, stops)
         if bool(done.all()) or steps == max_new_tokens:
@@ -132,7 +134,7 @@ def generate_uncached(
         positions = (key_mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # [B', L]
         logits = model.logits(model.hidden(ids, positions, key_mask)[:, -1]).float()  # [B', V]
         tok = choose_tokens(logits, uniforms[live, t], greedy_t[live], temperature=temperature, top_p=top_p)
-        logp = F.log_softmax(logits, dim=-1).gather(-1, tok[:, None]).squeeze(-1)  # [B']
+        logp = sampled_logprobs(logits, tok, temperature=temperature, top_p=top_p)  # [B']
         for j, i in enumerate(live):
             out[i].token_ids.append(int(tok[j]))
             out[i].logprobs.append(float(logp[j]))

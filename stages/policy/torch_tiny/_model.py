@@ -4,9 +4,10 @@ One forward serves three callers: batched prefill + cached decoding (`_generate.
 `completion_logprobs`. Rows of a batch may be left-padded: `key_mask` marks real tokens, and `positions`
 count real tokens only, so a padded row computes what it would compute alone (up to float rounding).
 
-Log-prob convention: `completion_logprobs` is the model's log-softmax at temperature 1 over the whole
-vocabulary, the same quantity `generate` records for each sampled token, so the importance ratio
-`exp(new - old)` is exactly 1 (up to float rounding) while the weights are unchanged.
+Log-prob convention: `completion_logprobs(..., temperature, top_p)` is the log-prob of each token under
+the distribution rollouts sample from (`stages.policy.sampling`), the same quantity `generate` records, so
+the importance ratio `exp(new - old)` is exactly 1 (up to float rounding) while the weights are unchanged.
+Behaviour cloning scores at temperature 1 over the whole vocabulary (the defaults).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from stages.policy.base import CompletionScores
+from stages.policy.sampling import sampled_logprobs, sampling_entropy
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,9 +142,15 @@ class TinyLM(nn.Module):
         return self.logits(self.hidden(ids, positions))
 
     def completion_logprobs(
-        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs [N, T] (temperature 1, full vocabulary) of each completion token, and its mask [N, T].
+        self,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Sequence[int]],
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+    ) -> CompletionScores:
+        """Log-probs [N, T] of each completion token under the (temperature, top-p) sampling distribution,
+        their mask [N, T] and the distribution's entropy [N, T].
 
         Sequences are right-padded, so each row's positions are 0..len-1 as in generation, and the head
         is applied only at the positions that predict a completion token.
@@ -165,11 +175,12 @@ class TinyLM(nn.Module):
         ids, targets_at, predict_at = ids.to(device), targets_at.to(device), predict_at.to(device)
         h = self.hidden(ids, torch.arange(L, device=device).expand(N, L))  # [N, L, D]
         h = h.gather(1, predict_at[..., None].expand(-1, -1, h.shape[-1]))  # [N, T, D]
-        logp = F.log_softmax(self.logits(h).float(), dim=-1)  # [N, T, V]
+        logits = self.logits(h)  # [N, T, V]
         targets = ids.gather(1, targets_at)  # [N, T]
-        token_logp = logp.gather(-1, targets[..., None]).squeeze(-1)  # [N, T]
+        token_logp = sampled_logprobs(logits, targets, temperature=temperature, top_p=top_p)  # [N, T]
+        entropy = sampling_entropy(logits, temperature=temperature, top_p=top_p)  # [N, T]
         mask = mask.to(device=device, dtype=token_logp.dtype)
-        return token_logp * mask, mask
+        return CompletionScores(token_logp * mask, mask, entropy * mask)
 
 
 def attention_mask(key_mask: torch.Tensor | None, T: int, start: int, device: torch.device) -> torch.Tensor:

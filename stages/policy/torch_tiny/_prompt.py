@@ -70,14 +70,17 @@ class PromptFormat:
         return self.tokenizer.encode(text)[: self.max_obs_tokens]
 
 
-def parse_action(text: str, admissible: Sequence[str], *, fuzzy_cutoff: float = 75.0) -> str:
+def parse_action(text: str, admissible: Sequence[str], *, fuzzy_cutoff: float = 75.0, empty_action: str = "") -> str:
     """Map generated text to the action the environment receives.
 
     Exact match among `admissible` -> the closest admissible command by normalised Levenshtein
     similarity (`rapidfuzz.fuzz.ratio` on lower-cased, punctuation-stripped text) scoring at least
     `fuzzy_cutoff` (0-100) -> the raw first line, stripped (an invalid command the env treats as a no-op).
+    An output that is empty after stripping becomes `empty_action` (the Selective Rollout reference: "look").
     """
     raw = text.strip().split("\n", 1)[0].strip()
+    if not raw:
+        return empty_action
     if raw in admissible:
         return raw
     if admissible and raw:

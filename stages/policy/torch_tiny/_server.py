@@ -54,6 +54,8 @@ class SamplingConfig:
     threads: int = 1
     """torch intra-op threads in the decoding worker thread."""
     fuzzy_cutoff: float = 75.0
+    empty_output_action: str = ""
+    """The action sent for an empty output (the reference: "look")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +234,7 @@ class TorchTinyPolicy:
             version = self.version
             with self.profiler.span("policy", "generate"):
                 samples = generate(
-                self._model,
+                    self._model,
                     [prompt for prompt, *_ in jobs],
                     uniforms=uniforms,
                     greedy=[greedy for _, _, greedy, _ in jobs],
@@ -247,7 +249,7 @@ class TorchTinyPolicy:
             text = tok.decode(sample.token_ids)
             results.append(
                 ActResult(
-                    action=parse_action(text, admissible, fuzzy_cutoff=s.fuzzy_cutoff),
+                    action=parse_action(text, admissible, fuzzy_cutoff=s.fuzzy_cutoff, empty_action=s.empty_output_action),
                     text=text,
                     prompt_ids=prompt,
                     token_ids=sample.token_ids,

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 import torch
 
 from stages.policy.torch_tiny import TinyLM, generate
@@ -101,12 +102,25 @@ def test_generation_stops_at_the_first_stop_token(model: TinyLM) -> None:
     assert [s.token_ids for s in _run(model, PROMPTS, greedy=True)] == [[4], [4], [4]]
 
 
-def test_ratio_is_one_at_unchanged_weights(model: TinyLM) -> None:
-    """The learner's log-probs of sampled completions equal the recorded ones (temperature 1)."""
-    samples = _run(model, PROMPTS, seed=3)
-    logp, mask = model.completion_logprobs(PROMPTS, [s.token_ids for s in samples])
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.95), (0.5, 0.5)])
+def test_ratio_is_one_at_unchanged_weights(model: TinyLM, temperature: float, top_p: float) -> None:
+    """The learner's log-probs of sampled completions equal the recorded ones under the distribution
+    actually sampled (temperature-scaled, top-p renormalised)."""
+    samples = _run(model, PROMPTS, seed=3, temperature=temperature, top_p=top_p)
+    logp, mask, _ = model.completion_logprobs(
+        PROMPTS, [s.token_ids for s in samples], temperature=temperature, top_p=top_p
+    )
     old = torch.zeros_like(logp)
     for i, s in enumerate(samples):
         old[i, : len(s.logprobs)] = torch.tensor(s.logprobs)
     ratio = torch.exp((logp.detach() - old) * mask)
     torch.testing.assert_close(ratio, torch.ones_like(ratio), atol=1e-5, rtol=0)
+
+
+def test_recorded_logprobs_are_those_of_the_sampled_distribution_not_temperature_one(model: TinyLM) -> None:
+    samples = _run(model, PROMPTS, seed=1, temperature=0.7, top_p=0.95)
+    t1, mask, _ = model.completion_logprobs(PROMPTS, [s.token_ids for s in samples])  # T = 1, full vocabulary
+    old = torch.zeros_like(t1)
+    for i, s in enumerate(samples):
+        old[i, : len(s.logprobs)] = torch.tensor(s.logprobs)
+    assert float(((old - t1.detach()).abs() * mask).max()) > 1e-3

@@ -45,7 +45,7 @@ def test_cached_decoding_matches_full_recompute(model: TinyLM) -> None:
 def test_completion_logprobs_shapes_mask_and_values(model: TinyLM) -> None:
     prompts = [[1, 11, 12, 13], [1, 14]]
     completions = [[15, 2], [16, 17, 18, 2]]
-    logp, mask = model.completion_logprobs(prompts, completions)
+    logp, mask, _ = model.completion_logprobs(prompts, completions)
     assert logp.shape == mask.shape == (2, 4)
     assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
     assert logp[0, 2:].eq(0).all()
@@ -57,7 +57,7 @@ def test_completion_logprobs_shapes_mask_and_values(model: TinyLM) -> None:
 
 
 def test_completion_logprobs_has_gradients(model: TinyLM) -> None:
-    logp, mask = model.completion_logprobs([[1, 11]], [[12, 2]])
+    logp, mask, _ = model.completion_logprobs([[1, 11]], [[12, 2]])
     (logp * mask).sum().backward()
     assert model.tok_emb.weight.grad is not None
     assert model.tok_emb.weight.grad.abs().sum() > 0

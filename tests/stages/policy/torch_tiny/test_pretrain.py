@@ -48,7 +48,7 @@ def test_packed_loss_equals_the_per_step_completion_loss(
     packs = [p for e in episodes for p in pack_episode(e)]
     assert len(packs) < len(demos)  # packing saved forward passes
     nll, count = packed_nll(model, packs)
-    logp, mask = model.completion_logprobs([d.prompt for d in demos], [d.completion for d in demos])
+    logp, mask, _ = model.completion_logprobs([d.prompt for d in demos], [d.completion for d in demos])
     assert count == int(mask.sum())
     torch.testing.assert_close(nll, -(logp * mask).sum(), atol=1e-3, rtol=1e-5)
 

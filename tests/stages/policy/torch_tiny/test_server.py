@@ -230,7 +230,7 @@ async def test_trainable_is_an_independent_copy_with_ratio_one(model: TinyLM, fm
     learner = policy.trainable()
     assert all(p.requires_grad for p in learner.parameters())
     assert learner.training
-    logp, mask = learner.completion_logprobs([r.prompt_ids for r in results], [r.token_ids for r in results])
+    logp, mask, _ = learner.completion_logprobs([r.prompt_ids for r in results], [r.token_ids for r in results])
     old = torch.zeros_like(logp)
     for i, r in enumerate(results):
         old[i, : len(r.logprobs)] = torch.tensor(r.logprobs)
