@@ -5,13 +5,12 @@ import json
 import sys
 import textwrap
 
-import msgspec
 import pytest
 
 from pipeline.ab import main
 from pipeline.ab._presets import find_presets
 from pipeline.ab._runner import interleave, plan_study
-from pipeline.config import RunSection, load_config
+from pipeline.config import load_config
 
 FAKE_RUN = textwrap.dedent('''
     import json, os, sys, tomllib
@@ -139,10 +138,14 @@ def test_plan_merges_budget_then_arm_then_user(tmp_path):
     assert resolved.run.name == "a-s5" and resolved.run.out == str(tmp_path / "ab")
 
 
-def test_target_rule_degrades_clearly_without_periodic_evaluation(study, capsys):
-    run, ran, _ = study
-    if "target_heldout" in {f.name for f in msgspec.structs.fields(RunSection)}:
-        pytest.skip("this checkout has periodic evaluation")
-    assert run("--target-heldout", "0.5") == 2
-    assert "--target-heldout needs periodic held-out evaluation" in capsys.readouterr().err
-    assert ran() == []
+def test_target_rule_sets_the_stop_and_compares_time_to_reach_it(study, capsys):
+    run, ran, ab_dir = study
+    assert run("--target-heldout", "0.5", "--eval-every", "3") == 0
+    assert len(ran()) == 4
+    cfg = load_config(ab_dir / "configs" / "gated-s1.toml", [])
+    assert (cfg.run.target_heldout, cfg.eval.every) == (0.5, 3)
+    report = json.loads((ab_dir / "report.json").read_text())
+    assert report["stop_rule"] == {"kind": "target_heldout", "target": 0.5}
+    assert report["comparisons"]["gated"]["time_to_target_ratio"]["estimate"] == pytest.approx(1.0)  # both at 5 s
+    assert run("--name", "other", "--target-heldout", "1.5") == 2
+    assert "run.target_heldout must be in [0, 1]" in capsys.readouterr().err
