@@ -39,7 +39,7 @@ def report_markdown(report: Mapping[str, Any], title: str) -> str:
         "",
         "## Cost",
         "",
-        "| arm | seeds | wall s | wall × baseline | env steps | env steps × baseline | tokens | admitted / cut / backfilled / trained | zero-var | slot occupancy |",
+        "| arm | seeds | wall s | wall × baseline | env steps | env steps × baseline | tokens | admitted / cut / backfilled / trained (informative) | zero-var | slot occupancy |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, b in arms.items():
@@ -48,7 +48,7 @@ def report_markdown(report: Mapping[str, Any], title: str) -> str:
             f"| {arm} | {b['n']} | {_num(b.get('wall_s'), '.1f')} | {'baseline' if arm == base else _interval(c.get('wall_ratio'))} "
             f"| {_num(b.get('env_steps'), '.0f')} | {'baseline' if arm == base else _interval(c.get('env_steps_ratio'))} "
             f"| {_num(b.get('generated_tokens'), '.0f')} | {_num(b.get('groups_admitted'), '.1f')} / {_num(b.get('groups_cut'), '.1f')} / "
-            f"{_num(b.get('groups_backfilled'), '.1f')} / {_num(b.get('groups_trained'), '.1f')} "
+            f"{_num(b.get('groups_backfilled'), '.1f')} / {_num(b.get('groups_trained'), '.1f')} ({_num(b.get('informative_groups'), '.1f')}) "
             f"| {_pct(b.get('zero_variance_fraction'))} | {_pct(b.get('slot_occupancy'))} |"
         )
     lines += ["", "## Quality", "",

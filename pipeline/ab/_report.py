@@ -108,8 +108,17 @@ def time_to_target(curve: Sequence[CurvePoint], target: float) -> float | None:
     return next((p.wall_s for p in curve if p.mean >= target), None)
 
 
+def informative_groups(summary: Mapping[str, Any]) -> float | None:
+    """Training groups with reward variance handed to the learner (allocator counters): at equal updates
+    sync-grpo trains its zero-variance groups (no gradient) and the async arms drop them, so this differs."""
+    emitted = _lookup(summary, (("allocator_stats", "allocator/groups_trained"),))
+    zero = _lookup(summary, (("allocator_stats", "allocator/groups_trained_zero_variance"),))
+    return emitted - zero if emitted is not None and zero is not None else None
+
+
 def run_figures(record: RunRecord, target: float | None) -> dict[str, float | None]:
     figures = {key: _lookup(record.summary, paths) for key, paths in METRICS.items()}
+    figures["informative_groups"] = informative_groups(record.summary)
     if target is not None:
         figures["time_to_target_s"] = time_to_target(record.curve, target)
     return figures

@@ -37,6 +37,9 @@ def test_newer_summary_keys_win_and_absent_ones_are_none():
     assert (figures["gate_precision"], figures["slot_occupancy"]) == (0.9, 0.8)
     assert figures["generated_tokens"] is None and figures["heldout_unseen_before"] == 0.4
     assert "time_to_target_s" not in figures
+    assert figures["informative_groups"] is None  # no allocator counters in this summary
+    stats = {"allocator_stats": {"allocator/groups_trained": 20, "allocator/groups_trained_zero_variance": 6}}
+    assert run_figures(_record("a", 0, _summary(10.0, **stats)), None)["informative_groups"] == 14
 
 
 def test_report_pairs_by_seed_and_lists_what_is_missing():
