@@ -1,6 +1,7 @@
 """The study's PNG plots via matplotlib's Agg `Figure` (the `plot` extra; skipped with a note without it).
 
-    curves.png      held-out success vs GRPO wall seconds: per arm the mean over seeds, shaded min..max
+    curves.png      held-out success vs GRPO wall seconds: per arm the mean over seeds (a seed holds its last
+                    measurement), shaded min..max, dots at the measurements
     wall_ratio.png  each arm's wall clock x the baseline's, with its paired bootstrap interval
 """
 
@@ -58,9 +59,11 @@ def _curves_png(figure: Any, path: Path, curves: Mapping[str, Sequence[Sequence[
         (line,) = ax.plot(grid, np.nanmean(values, axis=0), label=f"{arm} (n={len(seeds)})", drawstyle="steps-post")
         if len(seeds) > 1:
             ax.fill_between(grid, np.nanmin(values, axis=0), np.nanmax(values, axis=0), step="post", alpha=0.2, color=line.get_color())
+        for c in seeds:  # the measurements themselves
+            ax.plot([p.wall_s for p in c], [p.mean for p in c], "o", markersize=3, alpha=0.6, color=line.get_color())
     ax.set_xlabel("GRPO wall clock (s)")
     ax.set_ylabel("held-out success (seen + unseen)")
-    ax.set_ylim(0, 1)
+    ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     fig.savefig(path, dpi=110)
