@@ -43,6 +43,6 @@ async def test_overlapping_periodic_evaluations_take_turns_on_the_one_evaluation
     async with trio.open_nursery() as nursery:
         nursery.start_soon(one, 1)
         nursery.start_soon(one, 2)
-    assert len(built) == 1 and built[0].versions == [1, 2]
+    assert len(built) == 1 and sorted(built[0].versions) == [1, 2]  # Trio starts the two in either order
     assert scores == {1: {"seen": 0.1}, 2: {"seen": 0.2}}
     assert trio.current_time() == 10.0  # one after the other
