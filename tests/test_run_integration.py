@@ -122,3 +122,25 @@ def test_ctrl_c_stops_cleanly_within_five_seconds(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("allocator", "options"),
+    [("pilot_commit", "{p_lo = 0.0, p_up = 0.0}"), ("aero", "{}")],  # pilot-commit: commit every pilot
+)
+async def test_allocator_sub_groups_are_never_gated_and_staleness_is_a_bound(tmp_path, allocator, options):
+    # The gate would cut every even group at its first step, commit and rescue groups included, if it saw them.
+    cfg = load(None, _tiny(tmp_path, f"allocator.name={allocator}", f"allocator.options={options}",
+                           'gate.name="tests.plugin_gates:CutEvenGroups"', "gate.k=1", "learner.max_staleness=0"))
+    result = await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
+    summary = result.summary
+    first_stage = {"pilot", "explore", "group"}
+    assert set(summary["gate_decisions_by_kind"]) <= first_stage
+    assert set(summary["gate_groups_seen_by_kind"]) - first_stage, "the run had later-stage groups to leave alone"
+    assert summary["staleness_lag_max"] <= cfg.learner.max_staleness
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["staleness_lag_max"] <= cfg.learner.max_staleness for r in rows if "staleness_lag_max" in r)
+    for key in ("trajectory_slot_occupancy", "first_stage_cut_fraction", "items_dropped_stale", "staleness_lag_mean",
+                "generated_tokens"):
+        assert key in summary, key
