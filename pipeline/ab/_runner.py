@@ -104,7 +104,8 @@ def finished(ab_dir: Path, run: PlannedRun) -> bool:
     folder = ab_dir / run.name
     if not (folder / "summary.json").is_file():
         return False
-    if _comparable((folder / "config.toml").read_text()) != _comparable(run.config_toml):
+    written = folder / "config.toml"
+    if not written.is_file() or _comparable(written.read_text()) != _comparable(run.config_toml):
         raise ConfigError([f"{folder} was run with another config than this study now resolves "
                            f"(changed arm, budget or --set?): use another --name, or remove that folder"])
     return True
