@@ -149,3 +149,12 @@ def test_target_rule_sets_the_stop_and_compares_time_to_reach_it(study, capsys):
     assert report["comparisons"]["gated"]["time_to_target_ratio"]["estimate"] == pytest.approx(1.0)  # both at 5 s
     assert run("--name", "other", "--target-heldout", "1.5") == 2
     assert "run.target_heldout must be in [0, 1]" in capsys.readouterr().err
+
+
+def test_report_of_a_folder_that_is_no_study_exits_2_and_list_names_the_presets(study, tmp_path, capsys):
+    configs = tmp_path / "configs"
+    assert main(["report", str(tmp_path)], load=_load, command=[], configs=configs) == 2
+    assert "no plan.json" in capsys.readouterr().err
+    assert main(["list"], load=_load, command=[], configs=configs) == 0
+    out = capsys.readouterr().out
+    assert "plain" in out and "no gate" in out and "small" in out
