@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import ConfigError
+from pipeline.config import ConfigError, RunSection
 
 from ._markdown import report_markdown
 from ._plots import write_plots
@@ -84,7 +84,7 @@ def _study_command(args: argparse.Namespace, load: Loader, command: Sequence[str
     budget = None if args.budget == "none" else find_presets([args.budget], configs / "budgets", "budget")[0]
     seeds = _seeds(args.seeds)
     user = [*args.overrides, *_stop_overrides(args)]
-    base_out = args.out or load(args.config, [*(budget.overrides if budget else ()), *user]).run.out
+    base_out = args.out or _run_out(load, args.config, [*(budget.overrides if budget else ()), *user])
     ab_dir = Path(base_out) / (args.name or f"ab-{args.budget if budget is None else budget.name}") / "ab"
     study = plan_study(load, args.config, budget, arms, seeds, user, ab_dir, args.baseline or arms[0].name)
     todo = check_resumable(study)
@@ -94,6 +94,14 @@ def _study_command(args: argparse.Namespace, load: Loader, command: Sequence[str
     write_plan(study, {"budget": budget.name if budget else None, "base_config": args.config, "set": list(args.overrides),
                        "target_heldout": args.target_heldout, "argv": sys.argv})
     return _run_study(study, todo, command)
+
+
+def _run_out(load: Loader, base: str | None, overrides: list[str]) -> str:
+    """The base config's run.out; a problem there is left for the per-arm validation to report in full."""
+    try:
+        return load(base, overrides).run.out
+    except ConfigError:
+        return RunSection().out
 
 
 def _print_plan(study: Study, budget: Preset | None, todo: list[Any]) -> None:
