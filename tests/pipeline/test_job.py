@@ -21,7 +21,7 @@ async def test_overlapping_periodic_evaluations_take_turns_on_the_one_evaluation
     built: list[_Policy] = []
     running = []
 
-    def build_policy(cfg, suite):
+    def build_policy(cfg, suite, **options):
         built.append(_Policy())
         return built[-1]
 
