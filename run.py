@@ -6,6 +6,7 @@
     python run.py pretrain                         # behaviour-clone (or load the cached) warm start, report held-out success
     python run.py profile runs/default             # print the per-stage table of an existing run
     python run.py check --config FILE.toml         # validate a config and print it resolved
+    python run.py ab --arms gate,async-grpo --seeds 0,1,2   # A/B study of preset arms (docs/ab.md; `ab --help`)
 
 Exit codes: 0 done, 1 a stage failed (one message naming it), 2 bad configuration or usage, 130 interrupted (Ctrl-C).
 """
@@ -28,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["ab"]:
+        return _ab(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "profile":
         return _profile(args.run_dir)
@@ -98,6 +102,14 @@ def _profile(run_dir: str | None) -> int:
         return 2
     print(report.table_markdown())
     return 0
+
+
+def _ab(argv: list[str]) -> int:
+    from pipeline.ab import main as ab_main
+    from pipeline.job import load
+
+    root = Path(__file__).resolve().parent
+    return ab_main(argv, load=load, command=[sys.executable, str(root / "run.py")], configs=root / "configs")
 
 
 def _first(exc: BaseException, kind: type[BaseException]) -> BaseException | None:

@@ -91,13 +91,15 @@ def _periodic_evaluator(cfg: RunConfig, suite: EnvSuite, splits: dict[str, list[
     warm start), loaded with exactly that version's weights, so the figure is that version's whatever the
     live policy loads meanwhile."""
     holder: list[Policy] = []
+    one_at_a_time = trio.Lock()  # one evaluation policy: evaluations that overlap (small eval.every) take turns
 
     async def evaluate_version(version: int, state: Any) -> dict[str, float]:
-        if not holder:
-            holder.append(await trio.to_thread.run_sync(lambda: build_policy(cfg, suite, workers=1)))
-        policy = holder[0]
-        policy.load_weights(version, state)
-        reports = await evaluate_heldout(policy, suite, splits, cfg.eval.greedy)
+        async with one_at_a_time:
+            if not holder:
+                holder.append(await trio.to_thread.run_sync(lambda: build_policy(cfg, suite, workers=1)))
+            policy = holder[0]
+            policy.load_weights(version, state)
+            reports = await evaluate_heldout(policy, suite, splits, cfg.eval.greedy)
         scores = {split.removeprefix("heldout_"): r.success for split, r in reports.items()}
         mean = _mean_success(reports)
         return scores | ({"mean": mean} if mean is not None else {})
