@@ -12,7 +12,7 @@ update (a few seconds at most on the default model) and loses no weights half-wr
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -46,7 +46,6 @@ class LearnerCounters:
     groups_dropped_zero_variance: int = 0
     cut_groups_refused: int = 0
     updates: int = 0
-    trained_group_ids: list[int] = field(default_factory=list)
 
 
 class LearnerStage:
@@ -122,7 +121,6 @@ class LearnerStage:
                     self.publish(self.version, state)
                 self.counters.updates += 1
                 self.counters.groups_trained += len(batch)
-                self.counters.trained_group_ids += [g.group_id for g in batch]
                 report = LearnerReport(self.version, batch, stats, dropped, trio.current_time() - started)
                 self.on_consumed(len(batch))
                 batch, dropped = [], 0

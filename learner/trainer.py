@@ -8,6 +8,7 @@ registered loss is averaged over micro-batches with gradient accumulation.
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -105,3 +106,16 @@ class Trainer:
         self.optimizer.step()
         totals["learner/grad_norm"] = float(grad_norm)
         return totals
+
+    def state_dict(self) -> dict[str, Any]:
+        """Weights, optimizer state and the item-sampling rng, copied (for checkpoints; call between updates)."""
+        return {
+            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "rng": self._rng.getstate(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])  # type: ignore[attr-defined]
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._rng.setstate(state["rng"])

@@ -40,6 +40,9 @@ class RunSection(_Section):
     """Live progress line on stderr."""
     torch_threads: int = 1
     """torch intra-op threads for the policy thread (the learner has its own setting)."""
+    checkpoint_every: int = 1
+    """Write checkpoints/state.pt every this many learner updates (0 = only at the end and on Ctrl-C);
+    `python run.py resume RUN_DIR` continues from it."""
 
 
 class EnvSection(_Section):
@@ -228,6 +231,7 @@ def _range_problems(cfg: RunConfig) -> list[str]:
         (cfg.run.updates >= 1, "run.updates must be >= 1"),
         (cfg.run.max_wall_s > 0, "run.max_wall_s must be > 0"),
         (cfg.run.torch_threads >= 1, "run.torch_threads must be >= 1"),
+        (cfg.run.checkpoint_every >= 0, "run.checkpoint_every must be >= 0"),
         (cfg.env.max_steps >= 1, "env.max_steps must be >= 1"),
         (cfg.env.train_tasks >= 0, "env.train_tasks must be >= 0"),
         (cfg.policy.temperature >= 0, "policy.temperature must be >= 0"),

@@ -18,7 +18,6 @@ of `pipeline/` do not.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +34,10 @@ from stages.gate_stage import GateStage
 from stages.policy.base import Policy
 from stages.rollout import RolloutStage
 
+from . import resume
 from .allocation import AdmissionLoop, SlotPool, StalenessPacer
 from .config import RunConfig
+from .histogram import LogHistogram
 from .messages import AnyMessage, CancelGroup, ControlStream, GroupResult, WeightsPublished
 from .profiling import Profiler
 from .progress import Progress
@@ -64,12 +65,14 @@ class GrpoTally:
     shadow_cancels: int = 0
     rollouts_finished: int = 0
     successes: int = 0
-    cut_group_ids: list[int] = field(default_factory=list)
     window_rollouts: int = 0
     window_successes: int = 0
     window_steps_at: int = 0
     window_started: float = 0.0
-    loop_lag_s: list[float] = field(default_factory=list)
+    loop_lag: LogHistogram = field(default_factory=LogHistogram)
+    """Loop-lag samples (seconds) in constant memory."""
+    resumed_wall_s: float = 0.0
+    """GRPO wall time of the run's earlier segments (before a resume)."""
 
 
 @dataclass
@@ -90,7 +93,7 @@ class GrpoOutcome:
         return self.rollout.env_steps
 
     def loop_lag_p99_ms(self) -> float:
-        return _p99_ms(self.tally.loop_lag_s)
+        return _p99_ms(self.tally.loop_lag)
 
 
 async def _publish_events(
@@ -123,7 +126,7 @@ async def _monitor_loop_lag(tally: GrpoTally, period_s: float = 0.01) -> None:
     while True:
         before = trio.current_time()
         await trio.sleep(period_s)
-        tally.loop_lag_s.append(max(0.0, trio.current_time() - before - period_s))
+        tally.loop_lag.add(max(0.0, trio.current_time() - before - period_s))
 
 
 async def _host_nursery(*, task_status: Any) -> None:
@@ -145,8 +148,16 @@ async def run_grpo(
     metrics: MetricsWriter,
     observers: Sequence[Stage] = (),
     progress: Progress | None = None,
+    checkpointer: resume.Checkpointer | None = None,
+    restore: Mapping[str, Any] | None = None,
+    stop: trio.Event | None = None,
 ) -> GrpoOutcome:
-    """Train until `run.updates` learner updates (or `run.max_wall_s`); returns the phase's outcome."""
+    """Train until `run.updates` learner updates (or `run.max_wall_s`, or `stop`); returns the phase's outcome.
+
+    `checkpointer` captures the state at every update boundary; `restore` (a checkpoint's `grpo` counters)
+    continues a stopped run's counts; `stop` (Ctrl-C) ends the phase at once: an update under way is not
+    counted, the checkpoint is the last update boundary.
+    """
     tally = GrpoTally()
     done = trio.Event()
     stop_reason = "updates"
@@ -179,6 +190,9 @@ async def run_grpo(
         )
         row = _metrics_row(report, tally, rollout, learner, allocator, gate_stage, slots, started)
         metrics.write(row)
+        if checkpointer is not None:
+            checkpointer.capture(_checkpoint_state(report.version, trainer, policy, allocator, admission, tally, rollout, learner, gate_stage, started))
+            await checkpointer.after_update(report.version)
         if progress is not None:
             progress.update_line(row, final=True)
         if report.version >= cfg.run.updates:
@@ -231,19 +245,27 @@ async def run_grpo(
             await nursery.start(_send_all, zmq, t.results, t.hwm, results_recv)
             groups = await nursery.start(_host_nursery)
             admission = AdmissionLoop(allocator, slots, pacer, lambda gid, adm: groups.start_soon(run_one, gid, adm))
+            if restore is not None:
+                resume.restore_counters(restore, tally=tally, admission=admission, rollout=rollout, learner=learner, gate=gate_stage)
+            if learner.version >= cfg.run.updates:
+                done.set()  # resumed after the last update: nothing left to train
+            if stop is not None:
+                nursery.start_soon(_set_on, stop, done)
             await nursery.start(admission.run)
             if progress is not None:
                 nursery.start_soon(progress.tick, lambda: _live_status(tally, rollout, learner, slots, pacer, started))
             with trio.move_on_after(cfg.run.max_wall_s) as deadline:
                 await done.wait()
-            if deadline.cancelled_caught:
+            if stop is not None and stop.is_set() and learner.version < cfg.run.updates:
+                stop_reason = "interrupted"
+            elif deadline.cancelled_caught:
                 stop_reason = "max_wall_s"
                 log.warning("grpo.wall_limit", max_wall_s=cfg.run.max_wall_s, updates=learner.version)
             occupancy = slots.occupancy()
             nursery.cancel_scope.cancel("GRPO phase finished")
     return GrpoOutcome(
         stop_reason=stop_reason,
-        wall_s=trio.current_time() - started,
+        wall_s=trio.current_time() - started + tally.resumed_wall_s,
         updates=learner.version,
         tally=tally,
         admission=admission,
@@ -270,7 +292,6 @@ def _tally_group(tally: GrpoTally, result: GroupResult) -> None:
     rewards = [tr.reward for tr in result.trajectories]
     if result.cut:
         tally.groups_cut += 1
-        tally.cut_group_ids.append(result.group_id)
         return
     tally.groups_complete += 1
     tally.zero_variance_complete += max(rewards) == min(rewards)
@@ -298,7 +319,7 @@ def _metrics_row(
     steps = rollout.env_steps - tally.window_steps_at
     row: dict[str, Any] = {
         "iteration": report.version,
-        "wall_s": now - started,
+        "wall_s": now - started + tally.resumed_wall_s,
         "success_rate": tally.window_successes / tally.window_rollouts if tally.window_rollouts else None,
         "groups_admitted": tally.groups_finished + rollout.running_groups,
         "groups_cut": tally.groups_cut,
@@ -309,7 +330,7 @@ def _metrics_row(
         "env_steps": rollout.env_steps,
         "env_steps_per_s": steps / window_s,
         "train_s": report.train_seconds,
-        "loop_lag_p99_ms": _p99_ms(tally.loop_lag_s),
+        "loop_lag_p99_ms": _p99_ms(tally.loop_lag),
     }
     row |= dict(report.stats)
     row |= dict(allocator.statistics())
@@ -321,11 +342,32 @@ def _metrics_row(
     return row
 
 
-def _p99_ms(samples: list[float]) -> float:
-    if not samples:
-        return float("nan")
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)] * 1e3
+def _p99_ms(samples: LogHistogram) -> float:
+    return samples.quantile(0.99) * 1e3
+
+
+async def _set_on(stop: trio.Event, done: trio.Event) -> None:
+    await stop.wait()
+    done.set()
+
+
+def _checkpoint_state(
+    version: int, trainer: Trainer, policy: Policy, allocator: Allocator, admission: AdmissionLoop, tally: GrpoTally,
+    rollout: RolloutStage, learner: LearnerStage, gate: GateStage | None, started: float,
+) -> dict[str, Any]:
+    """Everything `pipeline.resume` saves, taken between updates (the learner thread is idle)."""
+    sampling_state = getattr(policy, "sampling_state", None)  # optional on a backend
+    return {
+        "version": version,
+        "trainer": trainer.state_dict(),
+        "policy": sampling_state() if sampling_state is not None else None,
+        "allocator": allocator.state_dict(),
+        "grpo": resume.capture_counters(
+            tally=tally, admission=admission, rollout=rollout, learner=learner, gate=gate,
+            wall_s=trio.current_time() - started + tally.resumed_wall_s,
+        ),
+        "rng": resume.rng_state(),
+    }
 
 
 def _live_status(tally: GrpoTally, rollout: RolloutStage, learner: LearnerStage, slots: SlotPool, pacer: StalenessPacer, started: float) -> dict[str, Any]:

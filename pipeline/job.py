@@ -7,14 +7,18 @@ the run folder. Everything it builds is also usable on its own (see docs/archite
 
 from __future__ import annotations
 
+import errno
 import json
 import random
+import resource
 import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 import torch
 import trio
@@ -24,10 +28,11 @@ from gates.allocators import AllocatorContext, build_allocator, check_allocator
 from learner.losses import LOSSES
 from learner.trainer import Trainer
 from stages.envs import ENVS, EnvSuite, Task
-from stages.evaluate import EvalReport, evaluate
+from stages.evaluate import EpisodeOutcome, EvalReport, evaluate, summarize
 from stages.policy import POLICIES, Policy
 
-from .config import RunConfig, load_config
+from . import resume
+from .config import RunConfig, dump_toml, load_config
 from .grpo import GrpoOutcome, run_grpo
 from .profiling import Profiler
 from .progress import Progress
@@ -84,65 +89,180 @@ class JobResult:
     outcome: GrpoOutcome
 
 
-async def run_job(cfg: RunConfig, *, progress: Progress | None = None) -> JobResult:
-    """Run the whole job; the run folder is created first so even a failed run leaves its events."""
+class RunInterrupted(Exception):
+    """Ctrl-C / SIGTERM stopped the run; `version` is the update its checkpoint holds (None: none yet)."""
+
+    def __init__(self, run_dir: Path, version: int | None) -> None:
+        self.run_dir, self.version = run_dir, version
+        saved = f"checkpoint at update {version} written" if version is not None else "no update finished yet"
+        super().__init__(f"interrupted; {saved}; continue with `python run.py resume {run_dir}`")
+
+
+class RunFailed(Exception):
+    """A stage failed; the message says which and what, and where the checkpoint is."""
+
+
+async def run_job(
+    cfg: RunConfig, *, progress: Progress | None = None, resume_dir: Path | None = None, stop: trio.Event | None = None
+) -> JobResult:
+    """Run the whole job (or continue the stopped one in `resume_dir`); the run folder is created first so
+    even a failed run leaves its events. `stop` (Ctrl-C) ends it with a checkpoint: `RunInterrupted`."""
     wall_started = time.perf_counter()
-    run_dir = create_run_dir(cfg)
+    run_dir = resume_dir if resume_dir is not None else create_run_dir(cfg)
+    checkpoint = resume.load_state(run_dir) if resume_dir is not None else None
+    if resume_dir is not None:
+        resume.trim_metrics(run_dir, checkpoint["version"] if checkpoint else 0)
+        resume.atomic_write_text(run_dir / "config.toml", dump_toml(cfg))
     events_file = configure_logging(run_dir)
     progress = progress or Progress(cfg.run.updates, enabled=cfg.run.progress)
-    progress.message(f"rollcut: run folder {run_dir}")
+    progress.message(f"rollcut: run folder {run_dir}" + (f" (resumed at update {checkpoint['version']})" if checkpoint else ""))
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
     torch.set_num_threads(cfg.run.torch_threads)
     try:
-        suite = build_suite(cfg)
-        progress.message(f"warm start: {cfg.policy.backend} policy on {cfg.env.name} (cached after first use)")
-        t0 = time.perf_counter()
-        policy = await trio.to_thread.run_sync(build_policy, cfg, suite)
-        warm_start_s = time.perf_counter() - t0
-        splits = heldout_tasks(cfg, suite)
-        before = await evaluate_heldout(policy, suite, splits, cfg.eval.greedy)
-        progress.message("held-out success before GRPO: " + _fmt_eval(before))
-
-        train = list(suite.tasks("train"))
-        if cfg.env.train_tasks:
-            train = train[: cfg.env.train_tasks]
-        allocator = build_allocator(
-            cfg.allocator.name,
-            cfg.allocator.options,
-            AllocatorContext(tasks=train, group_size=cfg.rollout.group_size, batch_groups=cfg.learner.batch_groups, seed=cfg.run.seed),
-        )
-        trainer = Trainer(policy.trainable(), cfg.learner, LOSSES.get(cfg.learner.loss), seed=cfg.run.seed)
-        observers = [build_stage(spec.target, spec.options) for spec in cfg.stages]
-        profiler = Profiler.from_config(cfg.profile, thread_cpu=cfg.profile.thread_cpu, gpu_stages=cfg.profile.gpu_stages)
-        metrics = MetricsWriter(run_dir)
-        progress.message(
-            f"GRPO: {cfg.run.updates} updates x {cfg.learner.batch_groups} groups, G={cfg.rollout.group_size}, "
-            f"gate {'on' if cfg.gate.enabled else 'off'}{' (shadow)' if cfg.gate.enabled and cfg.gate.shadow else ''}, "
-            f"allocator {cfg.allocator.name}"
-        )
-        async with profiler.sampling():
-            outcome = await run_grpo(
-                cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in train}, allocator=allocator,
-                trainer=trainer, run_dir=run_dir, profiler=profiler, metrics=metrics, observers=observers,
-                progress=progress,
-            )
-        metrics.close()
-        report = profiler.finish()
-        profiler.write(run_dir)
-        overhead = profiler.overhead_estimate() if profiler.enabled else None
-        after = await evaluate_heldout(policy, suite, splits, cfg.eval.greedy)
-        progress.message("held-out success after GRPO:  " + _fmt_eval(after))
-        _save_checkpoints(run_dir, trainer, allocator)
-        summary = _summary(cfg, outcome, before, after, warm_start_s, time.perf_counter() - wall_started,
-                           profiler_overhead_pct=overhead["overhead_pct"] if overhead else None)
-        write_summary(run_dir, summary, {"Per-stage profile": report.table_markdown(), "Held-out success by family": _family_table(before, after)})
-        log.info("job.finished", **{k: v for k, v in summary.items() if not isinstance(v, dict | list)})
-        return JobResult(run_dir, summary, outcome)
+        return await _run_phases(cfg, run_dir, checkpoint, progress, stop if stop is not None else trio.Event(), wall_started)
     finally:
         if events_file is not None:
             configure_logging(None)  # later events (another job, a test) must not write to the closed file
             events_file.close()
+
+
+async def _run_phases(
+    cfg: RunConfig, run_dir: Path, checkpoint: dict[str, Any] | None, progress: Progress, stop: trio.Event, wall_started: float
+) -> JobResult:
+    job = dict(checkpoint["job"]) if checkpoint else {}
+    suite = build_suite(cfg)
+    splits = heldout_tasks(cfg, suite)
+    policy, warm_start_s = await _unless_stopped(stop, run_dir, _build_policy, cfg, suite, checkpoint)
+    if "heldout_before" in job:
+        before = _reports_from_json(job["heldout_before"])
+    else:
+        before = await _unless_stopped(stop, run_dir, evaluate_heldout, policy, suite, splits, cfg.eval.greedy)
+        job |= {"heldout_before": _reports_to_json(before), "warm_start_s": warm_start_s, "job_wall_s": 0.0}
+    progress.message("held-out success before GRPO: " + _fmt_eval(before))
+
+    train = list(suite.tasks("train"))
+    if cfg.env.train_tasks:
+        train = train[: cfg.env.train_tasks]
+    allocator = build_allocator(
+        cfg.allocator.name,
+        cfg.allocator.options,
+        AllocatorContext(tasks=train, group_size=cfg.rollout.group_size, batch_groups=cfg.learner.batch_groups, seed=cfg.run.seed),
+    )
+    trainer = Trainer(policy.trainable(), cfg.learner, LOSSES.get(cfg.learner.loss), seed=cfg.run.seed)
+    if checkpoint is not None:
+        allocator.load_state_dict(checkpoint["allocator"])
+        trainer.load_state_dict(checkpoint["trainer"])
+        resume.set_rng_state(checkpoint["rng"])
+    observers = [build_stage(spec.target, spec.options) for spec in cfg.stages]
+    profiler = Profiler.from_config(cfg.profile, thread_cpu=cfg.profile.thread_cpu, gpu_stages=cfg.profile.gpu_stages)
+    metrics = MetricsWriter(run_dir)
+    checkpointer = resume.Checkpointer(run_dir, cfg.run.checkpoint_every, job)
+    checkpointer.latest = checkpoint
+    checkpointer.written_version = checkpoint["version"] if checkpoint else None
+    progress.message(
+        f"GRPO: {cfg.run.updates} updates x {cfg.learner.batch_groups} groups, G={cfg.rollout.group_size}, "
+        f"gate {'on' if cfg.gate.enabled else 'off'}{' (shadow)' if cfg.gate.enabled and cfg.gate.shadow else ''}, "
+        f"allocator {cfg.allocator.name}"
+    )
+    checkpointer.job["job_wall_s"] = job["job_wall_s"] + (time.perf_counter() - wall_started)  # wall outside GRPO
+    try:
+        async with profiler.sampling():
+            outcome = await run_grpo(
+                cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in train}, allocator=allocator,
+                trainer=trainer, run_dir=run_dir, profiler=profiler, metrics=metrics, observers=observers,
+                progress=progress, checkpointer=checkpointer, restore=checkpoint["grpo"] if checkpoint else None, stop=stop,
+            )
+    except Exception as exc:
+        raise RunFailed(failure_message(exc, run_dir, _save_on_failure(checkpointer))) from exc
+    finally:
+        metrics.close()
+    version = checkpointer.write()
+    grpo_ended = time.perf_counter()
+    report = profiler.finish()
+    profiler.write(run_dir)
+    interrupted = outcome.stop_reason == "interrupted"
+    overhead = profiler.overhead_estimate() if profiler.enabled and not interrupted else None  # ~2 s of probing
+    after = {} if interrupted else await _unless_stopped(stop, run_dir, evaluate_heldout, policy, suite, splits, cfg.eval.greedy, version=version)
+    if not interrupted:
+        progress.message("held-out success after GRPO:  " + _fmt_eval(after))
+        _save_checkpoints(run_dir, trainer, allocator)
+    wall_s = checkpointer.job["job_wall_s"] + outcome.wall_s + (time.perf_counter() - grpo_ended)
+    summary = _summary(cfg, outcome, before, after, job["warm_start_s"], wall_s,
+                       profiler_overhead_pct=overhead["overhead_pct"] if overhead else None)
+    write_summary(run_dir, summary, {"Per-stage profile": report.table_markdown(), "Held-out success by family": _family_table(before, after)})
+    log.info("job.finished", **{k: v for k, v in summary.items() if not isinstance(v, dict | list)})
+    if interrupted:
+        raise RunInterrupted(run_dir, version)
+    return JobResult(run_dir, summary, outcome)
+
+
+async def _build_policy(cfg: RunConfig, suite: EnvSuite, checkpoint: dict[str, Any] | None) -> tuple[Policy, float]:
+    """The warm-started policy, or (resuming) the checkpoint's weights with no warm start at all."""
+    t0 = time.perf_counter()
+    if checkpoint is None:
+        policy = await trio.to_thread.run_sync(build_policy, cfg, suite, abandon_on_cancel=True)
+        return policy, time.perf_counter() - t0
+    cold = msgspec.structs.replace(cfg, pretrain=msgspec.structs.replace(cfg.pretrain, enabled=False))
+    policy = await trio.to_thread.run_sync(build_policy, cold, suite, abandon_on_cancel=True)
+    policy.load_weights(checkpoint["version"], checkpoint["trainer"]["model"])
+    load_sampling = getattr(policy, "load_sampling_state", None)
+    if load_sampling is not None and checkpoint["policy"] is not None:
+        load_sampling(checkpoint["policy"])
+    return policy, time.perf_counter() - t0
+
+
+async def _unless_stopped(stop: trio.Event, run_dir: Path, fn: Any, *args: Any, version: int | None = None) -> Any:
+    """`await fn(*args)`, cancelled by `stop` (then `RunInterrupted`)."""
+    result = None
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            await stop.wait()
+            nursery.cancel_scope.cancel("interrupted")
+
+        nursery.start_soon(watch)
+        result = await fn(*args)
+        nursery.cancel_scope.cancel()
+    if stop.is_set():
+        raise RunInterrupted(run_dir, version)
+    return result
+
+
+def _save_on_failure(checkpointer: resume.Checkpointer) -> str:
+    try:
+        version = checkpointer.write()
+    except OSError as exc:
+        return f"the checkpoint could not be written either ({exc}); the previous one, if any, is intact"
+    return f"checkpoint at update {version} kept" if version is not None else "no update had finished (no checkpoint)"
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+def failure_message(exc: BaseException, run_dir: Path, saved: str) -> str:
+    """One readable paragraph: which stage failed (by the file that raised), what, and what to do."""
+    lines = []
+    for leaf in _leaves(exc):
+        if isinstance(leaf, OSError) and leaf.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            lines.append(f"the disk of the run folder is full ({leaf.strerror}{': ' + str(leaf.filename) if leaf.filename else ''})")
+            continue
+        frames = traceback.extract_tb(leaf.__traceback__)
+        where = next((f"{Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno}" for f in reversed(frames)
+                      if "/site-packages/" not in f.filename and "/lib/python" not in f.filename), "?")
+        lines.append(f"{_stage_of(where)} failed: {type(leaf).__name__}: {leaf} (at {where})")
+    return "; ".join(lines) + f". {saved}; after fixing it, continue with `python run.py resume {run_dir}`"
+
+
+def _stage_of(where: str) -> str:
+    for fragment, stage in (("learner/", "the learner"), ("policy", "the policy server"), ("gate", "the gate stage"),
+                            ("rollout", "the rollout stage"), ("envs/", "the environment"), ("allocator", "the allocator")):
+        if fragment in where:
+            return stage
+    return "the run"
 
 
 def _fmt_eval(reports: dict[str, EvalReport]) -> str:
@@ -153,7 +273,7 @@ def _family_table(before: dict[str, EvalReport], after: dict[str, EvalReport]) -
     lines = ["| split | family | before | after |", "|---|---|---|---|"]
     for split, report in before.items():
         for family, value in sorted(report.per_family.items()):
-            lines.append(f"| {split} | {family} | {value:.1%} | {after[split].per_family.get(family, float('nan')):.1%} |")
+            lines.append(f"| {split} | {family} | {value:.1%} | {after[split].per_family.get(family, float('nan')) if split in after else float('nan'):.1%} |")
     return "\n".join(lines)
 
 
@@ -205,9 +325,18 @@ def _summary(
         "grpo_wall_s": outcome.wall_s,
         "wall_s": wall_s,
         "allocator_stats": alloc,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
 
 def _save_checkpoints(run_dir: Path, trainer: Trainer, allocator: Any) -> None:
-    torch.save(trainer.model.state_dict(), run_dir / "checkpoints" / "policy.pt")
-    (run_dir / "checkpoints" / "allocator.json").write_text(json.dumps(allocator.state_dict()))
+    resume.atomic_write(run_dir / "checkpoints" / "policy.pt", lambda f: torch.save(trainer.model.state_dict(), f))
+    resume.atomic_write_text(run_dir / "checkpoints" / "allocator.json", json.dumps(allocator.state_dict()))
+
+
+def _reports_to_json(reports: dict[str, EvalReport]) -> dict[str, list[list[Any]]]:
+    return {split: [[e.task_id, e.family, e.won, e.steps] for e in r.episodes] for split, r in reports.items()}
+
+
+def _reports_from_json(data: dict[str, list[list[Any]]]) -> dict[str, EvalReport]:
+    return {split: summarize([EpisodeOutcome(*row) for row in rows]) for split, rows in data.items()}
