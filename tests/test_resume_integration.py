@@ -17,6 +17,7 @@ import trio
 
 from pipeline.job import RunInterrupted, load, run_job
 from pipeline.progress import Progress
+from tests.plugin_faults import STOPS
 from tests.test_run_integration import ROOT, _tiny
 
 
@@ -103,20 +104,14 @@ def test_resume_refuses_overrides_that_change_what_the_checkpoint_holds(tmp_path
 
 @pytest.mark.slow
 async def test_stop_leaves_no_busy_thread_and_a_resumable_folder(tmp_path):
-    cfg = load(None, _tiny(tmp_path, "gate.k=4", "run.updates=50", "run.name=inproc"))
-    stop = trio.Event()
+    stop = STOPS["inproc"] = trio.Event()
+    observer = 'stages=[{target = "tests.plugin_faults:StopAfter", options = {key = "inproc", updates = 1}}]'
+    cfg = load(None, _tiny(tmp_path, "gate.k=4", "run.updates=50", "run.name=inproc", observer))
     run_dir = tmp_path / "runs" / "inproc"
-
-    async def stop_after_first_update() -> None:
-        while not _metrics(run_dir):
-            await trio.sleep(0.05)
-        stop.set()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(stop_after_first_update)
-        with pytest.raises(RunInterrupted) as info:
-            await run_job(cfg, progress=Progress(50, enabled=False), stop=stop)
+    with pytest.raises(RunInterrupted) as info:
+        await run_job(cfg, progress=Progress(50, enabled=False), stop=stop)
     assert info.value.version is not None and info.value.version >= 1
     assert json.loads((run_dir / "summary.json").read_text())["learner_updates"] == info.value.version
+    assert (run_dir / "checkpoints" / "state.pt").exists()
     busy = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not re.fullmatch(r"Trio thread \d+", t.name)]
     assert busy == []  # only idle cached Trio workers remain: nothing still runs for the stopped job

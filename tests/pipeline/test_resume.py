@@ -6,7 +6,14 @@ import json
 import pytest
 
 from pipeline.config import load_config
-from pipeline.resume import Checkpointer, atomic_write, atomic_write_text, config_changes, load_state, trim_metrics
+from pipeline.resume import (
+    Checkpointer,
+    atomic_write,
+    atomic_write_text,
+    config_changes,
+    load_state,
+    trim_metrics,
+)
 
 
 def test_atomic_write_keeps_the_previous_file_when_writing_fails(tmp_path):
