@@ -24,6 +24,7 @@ from pipeline.stage import StageContext
 
 from .advantages import is_zero_variance
 from .trainer import Trainer
+from .validation import group_problem
 
 log = structlog.get_logger(__name__)
 
@@ -74,9 +75,17 @@ class LearnerStage:
         self.version = 0
         self.counters = LearnerCounters()
         self._limiter = trio.CapacityLimiter(1)
+        self._expected: set[int] = set()
+        """Training groups the runtime announced and the socket has not delivered yet (bounded by staleness)."""
+
+    def expect(self, group_id: int) -> None:
+        """The runtime is about to send training group `group_id`: accept it once."""
+        self._expected.add(group_id)
 
     async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        results = ctx.zmq.socket("pull", ctx.addresses.results, bind=True, receives=ResultStream, hwm=ctx.addresses.hwm)
+        results = ctx.zmq.socket(
+            "pull", ctx.addresses.results, bind=True, receives=ResultStream, hwm=ctx.addresses.hwm, name="results"
+        )
         send, receive = trio.open_memory_channel[GroupResult](4 * self.cfg.batch_groups)
         async with results, trio.open_nursery() as nursery:
             nursery.start_soon(self._receive, results, send)
@@ -86,6 +95,11 @@ class LearnerStage:
     async def _receive(self, results: Any, send: trio.MemorySendChannel[GroupResult]) -> None:
         async with send:
             async for group in results:
+                reason = "unknown_group" if group.group_id not in self._expected else group_problem(group)
+                if reason is not None:
+                    results.drop(reason, f"group {group.group_id}")
+                    continue
+                self._expected.discard(group.group_id)
                 await send.send(group)
 
     def _accept(self, group: GroupResult) -> bool:

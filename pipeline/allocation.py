@@ -170,6 +170,11 @@ class AdmissionLoop:
             started += 1
         return started
 
+    @property
+    def next_group_id(self) -> int:
+        """Ids below this one were issued (group ids are never reused, not even across a resume)."""
+        return self._next_group_id
+
     def state_dict(self) -> dict[str, int]:
         """Group ids and counters (a resumed run never reuses a group id)."""
         return {"next_group_id": self._next_group_id, "groups_admitted": self.groups_admitted, "backfills": self.backfills}

@@ -73,6 +73,8 @@ class GrpoTally:
     """Loop-lag samples (seconds) in constant memory."""
     resumed_wall_s: float = 0.0
     """GRPO wall time of the run's earlier segments (before a resume)."""
+    resumed_dropped_frames: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Frames dropped in the run's earlier segments, by socket and reason."""
 
 
 @dataclass
@@ -87,6 +89,8 @@ class GrpoOutcome:
     gate: GateStage | None
     allocator: Allocator
     slot_occupancy: float
+    dropped_frames: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Frames dropped by each receiving socket, by reason (bad frames, forged or inconsistent messages)."""
 
     @property
     def env_steps(self) -> int:
@@ -191,7 +195,9 @@ async def run_grpo(
         row = _metrics_row(report, tally, rollout, learner, allocator, gate_stage, slots, started)
         metrics.write(row)
         if checkpointer is not None:
-            checkpointer.capture(_checkpoint_state(report.version, trainer, policy, allocator, admission, tally, rollout, learner, gate_stage, started))
+            state = _checkpoint_state(report.version, trainer, policy, allocator, admission, tally, rollout, learner, gate_stage, started)
+            state["grpo"]["dropped_frames"] = resume.add_counts(tally.resumed_dropped_frames, zmq.dropped_frames())
+            checkpointer.capture(state)
             await checkpointer.after_update(report.version)
         if progress is not None:
             progress.update_line(row, final=True)
@@ -218,14 +224,19 @@ async def run_grpo(
         tally.groups_emitted += len(training)
         await events_send.send(result)
         for group in training:
+            learner.expect(group.group_id)
             await results_send.send(group)
         admission.wake()
 
     async def receive_control(zmq: Context, *, task_status: Any) -> None:
-        control = zmq.socket("pull", t.control, bind=True, receives=ControlStream, hwm=t.hwm)
+        control = zmq.socket("pull", t.control, bind=True, receives=ControlStream, hwm=t.hwm, name="control")
         async with control:
             task_status.started()
             async for decision in control:
+                reason = _control_problem(decision, gate_stage, admission.next_group_id)
+                if reason is not None:
+                    control.drop(reason, f"cancel of group {decision.group_id} by {decision.gate!r}")
+                    continue
                 await _apply_cut(decision, rollout, tally)
                 await events_send.send(decision)
 
@@ -263,6 +274,7 @@ async def run_grpo(
                 log.warning("grpo.wall_limit", max_wall_s=cfg.run.max_wall_s, updates=learner.version)
             occupancy = slots.occupancy()
             nursery.cancel_scope.cancel("GRPO phase finished")
+        dropped = resume.add_counts(tally.resumed_dropped_frames, zmq.dropped_frames())
     return GrpoOutcome(
         stop_reason=stop_reason,
         wall_s=trio.current_time() - started + tally.resumed_wall_s,
@@ -274,7 +286,21 @@ async def run_grpo(
         gate=gate_stage,
         allocator=allocator,
         slot_occupancy=occupancy,
+        dropped_frames=dropped,
     )
+
+
+def _control_problem(decision: CancelGroup, gate: GateStage | None, next_group_id: int) -> str | None:
+    """Why a cut decision cannot be from this run's gate stage (None: apply it)."""
+    if gate is None:
+        return "no_gate"
+    if decision.gate != gate.gate.name:
+        return "unknown_gate"
+    if decision.shadow != gate.shadow:
+        return "shadow_mismatch"
+    if not 0 <= decision.group_id < next_group_id:
+        return "unknown_group"
+    return None
 
 
 async def _apply_cut(decision: CancelGroup, rollout: RolloutStage, tally: GrpoTally) -> None:

@@ -326,6 +326,8 @@ def _summary(
         "wall_s": wall_s,
         "allocator_stats": alloc,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "dropped_frames_total": sum(n for counts in outcome.dropped_frames.values() for n in counts.values()),
+        "dropped_frames": outcome.dropped_frames,
     }
 
 

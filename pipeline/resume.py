@@ -142,7 +142,7 @@ def _fields(obj: Any, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
     }
 
 
-_WINDOW = frozenset({"window_rollouts", "window_successes", "window_steps_at", "window_started", "resumed_wall_s"})
+_WINDOW = frozenset({"window_rollouts", "window_successes", "window_steps_at", "window_started", "resumed_wall_s", "resumed_dropped_frames"})
 _GATE = ("decisions", "cuts", "decision_seconds", "decision_cpu_seconds", "groups_seen")
 
 
@@ -159,11 +159,22 @@ def capture_counters(*, tally: Any, admission: Any, rollout: Any, learner: Any, 
     })
 
 
+def add_counts(a: Mapping[str, Mapping[str, int]], b: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
+    """Two nested {name: {reason: count}} tables added key by key."""
+    out = {name: dict(counts) for name, counts in a.items()}
+    for name, counts in b.items():
+        mine = out.setdefault(name, {})
+        for reason, n in counts.items():
+            mine[reason] = mine.get(reason, 0) + n
+    return out
+
+
 def restore_counters(state: Mapping[str, Any], *, tally: Any, admission: Any, rollout: Any, learner: Any, gate: Any) -> None:
     for key, value in state["tally"].items():
         setattr(tally, key, value)
     tally.loop_lag.load_state_dict(state["loop_lag"])
     tally.resumed_wall_s = state["wall_s"]
+    tally.resumed_dropped_frames = state.get("dropped_frames", {})
     admission.load_state_dict(state["admission"])
     rollout.env_steps = state["rollout"]["env_steps"]
     rollout.trajectories_failed = state["rollout"]["trajectories_failed"]

@@ -17,6 +17,8 @@ from gates import GATES, ShadowLedger
 from pipeline.messages import CancelGroup, GroupClosed, GroupOpened, RolloutFailed, StepEvent, StepStream
 from pipeline.stage import StageContext
 
+from .step_validation import StepValidator
+
 
 class GateStage:
     name = "gate"
@@ -40,6 +42,7 @@ class GateStage:
         self.decision_seconds = 0.0
         self.decision_cpu_seconds = 0.0
         self.groups_seen = 0
+        self.validator = StepValidator()
 
     def statistics(self) -> dict[str, float | None]:
         per_decision = self.decision_seconds / self.decisions * 1e6 if self.decisions else None
@@ -57,14 +60,27 @@ class GateStage:
         return stats
 
     async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        steps = ctx.zmq.socket("pull", ctx.addresses.steps, bind=True, receives=StepStream, hwm=ctx.addresses.hwm)
+        steps = ctx.zmq.socket("pull", ctx.addresses.steps, bind=True, receives=StepStream, hwm=ctx.addresses.hwm, name="steps")
         control = ctx.zmq.socket("push", ctx.addresses.control, bind=False, hwm=ctx.addresses.hwm)
         async with steps, control:
             task_status.started()
             async for message in steps:
+                if not self._valid(message, steps):
+                    continue
                 decision = self._handle(message, ctx)
                 if decision is not None:
                     await control.send(decision)
+
+    def _valid(self, message: StepStream, steps: Any) -> bool:
+        """Drop (and count on the socket) what contradicts the groups seen so far (see step_validation)."""
+        reason = self.validator.check(message)
+        if reason is None:
+            return True
+        steps.drop(reason, f"{type(message).__name__} group {getattr(message, 'group_id', '?')}")
+        if reason == "duplicate_group":
+            self.gate.close(message.group_id)  # two senders disagree: never decide on this group
+            self._would_cut.discard(message.group_id)
+        return False
 
     def _handle(self, message: StepStream, ctx: StageContext) -> CancelGroup | None:
         match message:
