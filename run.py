@@ -166,12 +166,22 @@ def _profile(run_dir: str | None) -> int:
     if run_dir is None:
         print("run.py profile: give a run folder, e.g. `python run.py profile runs/default`", file=sys.stderr)
         return 2
+    import msgspec
+
     from pipeline.profiling import load_report
 
+    folder = Path(run_dir)
+    if not folder.is_dir():
+        print(f"run.py profile: {folder} is not a folder; give a run folder, e.g. runs/default", file=sys.stderr)
+        return 2
+    if not (folder / "profile_table.json").is_file():
+        kind = "a run folder whose GRPO phase has not finished" if (folder / "config.toml").is_file() else "not a run folder"
+        print(f"run.py profile: {folder} is {kind} (no profile_table.json; it is written when GRPO ends)", file=sys.stderr)
+        return 2
     try:
-        report = load_report(Path(run_dir))
-    except FileNotFoundError as exc:
-        print(f"run.py profile: {exc}", file=sys.stderr)
+        report = load_report(folder)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        print(f"run.py profile: cannot read {folder / 'profile_table.json'}: {exc}", file=sys.stderr)
         return 2
     print(report.table_markdown())
     return 0

@@ -53,6 +53,33 @@ def name_checks(cfg: RunConfig) -> list[str]:
         problems += STAGES.check(spec.target, f"stages[{i}].target")
     if cfg.gate.k > cfg.env.max_steps:
         problems.append(f"gate.k ({cfg.gate.k}) is beyond env.max_steps ({cfg.env.max_steps}): the gate could never fire")
+    return problems + (build_checks(cfg) if not problems else [])
+
+
+_BUILD_ERRORS = (TypeError, ValueError, LookupError, OSError, ImportError)
+
+
+def build_checks(cfg: RunConfig) -> list[str]:
+    """Build every plugin with its options (cheap constructors, no warm start) so a bad option or a missing
+    games folder fails `run.py check` and the start of `run.py` with exit 2, not a traceback after the warm
+    start. A policy backend may offer `check_options(policy_section) -> list[str]` for its options."""
+    problems: list[str] = []
+
+    def attempt(where: str, build: Any) -> None:
+        try:
+            build()
+        except _BUILD_ERRORS as exc:
+            problems.append(f"{where}: {exc}")
+
+    if cfg.gate.enabled:
+        gate_cls = GATES.get(cfg.gate.name)
+        attempt("gate.options", lambda: gate_cls(k=cfg.gate.k, tau=cfg.gate.tau, checkpoints=cfg.gate.checkpoints, **cfg.gate.options))
+    attempt("env", lambda: build_suite(cfg))
+    check_policy = getattr(POLICIES.get(cfg.policy.backend), "check_options", None)
+    if check_policy is not None:
+        problems += [f"policy.options: {p}" for p in check_policy(cfg.policy)]
+    for i, spec in enumerate(cfg.stages):
+        attempt(f"stages[{i}]", lambda spec=spec: build_stage(spec.target, spec.options))
     return problems
 
 
@@ -69,7 +96,14 @@ def build_policy(cfg: RunConfig, suite: EnvSuite) -> Policy:
 
 
 def heldout_tasks(cfg: RunConfig, suite: EnvSuite) -> dict[str, list[Task]]:
-    return {split: list(suite.tasks(split))[: cfg.eval.tasks] for split in cfg.eval.splits} if cfg.eval.tasks else {}
+    """The first `eval.tasks` of each eval split; an empty split is left out with a warning (not "0.0%")."""
+    if not cfg.eval.tasks:
+        return {}
+    splits = {split: list(suite.tasks(split))[: cfg.eval.tasks] for split in cfg.eval.splits}
+    for split in [s for s, tasks in splits.items() if not tasks]:
+        log.warning("eval.empty_split", split=split, env=cfg.env.name, note="this split has no tasks: its success is not measured")
+        del splits[split]
+    return splits
 
 
 async def evaluate_heldout(policy: Policy, suite: EnvSuite, splits: dict[str, list[Task]], greedy: bool) -> dict[str, EvalReport]:
