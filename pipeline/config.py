@@ -83,6 +83,8 @@ class RolloutSection(_Section):
     group_size: int = 8
     slots: int = 64
     """Concurrent rollouts (a group takes group_size slots)."""
+    step_timeout_s: float = 0.0
+    """Fail a trajectory whose env step takes longer (0 = no limit; > 0 runs env steps in worker threads)."""
 
 
 class GateSection(_Section):
@@ -244,6 +246,7 @@ def _range_problems(cfg: RunConfig) -> list[str]:
             cfg.rollout.slots >= cfg.rollout.group_size,
             f"rollout.slots ({cfg.rollout.slots}) must be >= rollout.group_size ({cfg.rollout.group_size})",
         ),
+        (cfg.rollout.step_timeout_s >= 0, "rollout.step_timeout_s must be >= 0"),
         (cfg.gate.k >= 1, "gate.k must be >= 1"),
         (cfg.gate.tau >= 0, "gate.tau must be >= 0"),
         (all(k >= 1 for k in cfg.gate.checkpoints), "gate.checkpoints must all be >= 1"),

@@ -179,7 +179,7 @@ async def run_grpo(
     events_send, events_recv = trio.open_memory_channel[AnyMessage](1024)
     steps_send, steps_recv = trio.open_memory_channel[Any](4096)
     results_send, results_recv = trio.open_memory_channel[GroupResult](4 * cfg.learner.batch_groups)
-    rollout = RolloutStage(suite, policy, tasks, steps_send, profiler=profiler)
+    rollout = RolloutStage(suite, policy, tasks, steps_send, profiler=profiler, step_timeout_s=cfg.rollout.step_timeout_s)
     attach = getattr(policy, "attach_profiler", None)  # optional: a backend that records its own spans
     if attach is not None:
         attach(profiler)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import json
 import random
-import resource
 import time
 import traceback
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ from stages.policy import POLICIES, Policy
 from . import resume
 from .config import RunConfig, dump_toml, load_config
 from .grpo import GrpoOutcome, run_grpo
+from .memory import peak_rss_mb, tune_malloc
 from .profiling import Profiler
 from .progress import Progress
 from .rundir import MetricsWriter, configure_logging, create_run_dir, write_summary
@@ -142,6 +142,7 @@ async def run_job(
     """Run the whole job (or continue the stopped one in `resume_dir`); the run folder is created first so
     even a failed run leaves its events. `stop` (Ctrl-C) ends it with a checkpoint: `RunInterrupted`."""
     wall_started = time.perf_counter()
+    tune_malloc()  # before the model and its tensors exist (see pipeline/memory.py)
     run_dir = resume_dir if resume_dir is not None else create_run_dir(cfg)
     checkpoint = resume.load_state(run_dir) if resume_dir is not None else None
     if resume_dir is not None:
@@ -284,19 +285,20 @@ def failure_message(exc: BaseException, run_dir: Path, saved: str) -> str:
         if isinstance(leaf, OSError) and leaf.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             lines.append(f"the disk of the run folder is full ({leaf.strerror}{': ' + str(leaf.filename) if leaf.filename else ''})")
             continue
-        frames = traceback.extract_tb(leaf.__traceback__)
-        where = next((f"{Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno}" for f in reversed(frames)
-                      if "/site-packages/" not in f.filename and "/lib/python" not in f.filename), "?")
-        lines.append(f"{_stage_of(where)} failed: {type(leaf).__name__}: {leaf} (at {where})")
+        frames = [f"{Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno}"
+                  for f in reversed(traceback.extract_tb(leaf.__traceback__))
+                  if "/site-packages/" not in f.filename and "/lib/python" not in f.filename]  # innermost first
+        stage = next((s for s in map(_stage_of, frames) if s is not None), "the run")
+        lines.append(f"{stage} failed: {type(leaf).__name__}: {leaf} (at {frames[0] if frames else '?'})")
     return "; ".join(lines) + f". {saved}; after fixing it, continue with `python run.py resume {run_dir}`"
 
 
-def _stage_of(where: str) -> str:
-    for fragment, stage in (("learner/", "the learner"), ("policy", "the policy server"), ("gate", "the gate stage"),
-                            ("rollout", "the rollout stage"), ("envs/", "the environment"), ("allocator", "the allocator")):
-        if fragment in where:
+def _stage_of(where: str) -> str | None:
+    for fragment, stage in (("learner/", "the learner"), ("torch_tiny/", "the policy server"), ("gate", "the gate stage"),
+                            ("rollout", "the rollout stage"), ("envs/", "the environment"), ("allocators/", "the allocator")):
+        if where.startswith(fragment) or f"/{fragment}" in where or fragment in where.split(":")[0]:
             return stage
-    return "the run"
+    return None
 
 
 def _fmt_eval(reports: dict[str, EvalReport]) -> str:
@@ -359,7 +361,7 @@ def _summary(
         "grpo_wall_s": outcome.wall_s,
         "wall_s": wall_s,
         "allocator_stats": alloc,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mb(),
         "dropped_frames_total": sum(n for counts in outcome.dropped_frames.values() for n in counts.values()),
         "dropped_frames": outcome.dropped_frames,
     }

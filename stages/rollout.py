@@ -29,7 +29,7 @@ from pipeline.messages import (
     Turn,
 )
 from pipeline.profiling import Profiler
-from stages.envs.base import Environment, EnvSuite, Task
+from stages.envs.base import Environment, EnvSuite, StepResult, Task
 from stages.policy.base import AgentContext, Policy
 
 log = structlog.get_logger(__name__)
@@ -77,6 +77,7 @@ class RolloutStage:
         *,
         profiler: Profiler,
         clock: Callable[[], float] = trio.current_time,
+        step_timeout_s: float = 0.0,
     ) -> None:
         self.suite = suite
         self.policy = policy
@@ -84,6 +85,8 @@ class RolloutStage:
         self.steps_out = steps_out
         self.profiler = profiler
         self.clock = clock
+        self.step_timeout_s = step_timeout_s
+        self._env_threads = trio.CapacityLimiter(1024)
         self._scopes: dict[int, trio.CancelScope] = {}
         self._cuts: dict[int, _Cut] = {}
         self.env_steps = 0
@@ -154,6 +157,15 @@ class RolloutStage:
         finally:
             env.close()
 
+    async def _env_step(self, env: Environment, action: str) -> StepResult:
+        """`env.step`, or with `step_timeout_s` > 0 the same in a worker thread under a deadline: a step that
+        hangs fails its trajectory (trio.TooSlowError) and its thread is abandoned; the trajectory's
+        `env.close()` follows at once, and an environment whose step can hang should let close() end it."""
+        if not self.step_timeout_s:
+            return env.step(action)
+        with trio.fail_after(self.step_timeout_s):
+            return await trio.to_thread.run_sync(env.step, action, abandon_on_cancel=True, limiter=self._env_threads)
+
     async def _agent_loop(self, group_id: int, task: Task, record: _Record, env: Environment) -> None:
         with self.profiler.span("rollout", "env_reset"):
             observation = env.reset(task)
@@ -176,7 +188,7 @@ class RolloutStage:
                 )
             )
             with self.profiler.span("rollout", "env_step"):
-                result = env.step(act.action)
+                result = await self._env_step(env, act.action)
             self.env_steps += 1
             self.profiler.items("rollout", 1)
             record.reward += result.reward

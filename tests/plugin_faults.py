@@ -8,6 +8,9 @@ them on like any other plugin setting.
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import random
 import threading
 from typing import Any
 
@@ -40,6 +43,16 @@ class StopAfter:
                     STOPS[self.key].set()
 
 
+class FillDisk:
+    """Makes the run folder's next checkpoint write hit a full disk (its temporary file -> /dev/full)."""
+
+    name = "fill_disk"
+
+    async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        os.symlink("/dev/full", ctx.run_dir / "checkpoints" / ".state.pt.tmp")
+        task_status.started()
+
+
 class _FaultyEnv:
     def __init__(self, inner: Any, suite: FaultySuite) -> None:
         self._inner, self._suite = inner, suite
@@ -65,7 +78,11 @@ class _FaultyEnv:
                 suite.hung += 1
             self._released.wait()  # hangs until close() (the rollout's per-step timeout fires first)
             raise RuntimeError("released by close()")
-        return self._inner.step(action)
+        result = self._inner.step(action)
+        if suite.random_reward and result.done:  # varied group rewards, so the learner has items to train on
+            reward = float(suite.rng.random() < 0.5)
+            result = dataclasses.replace(result, reward=reward, won=bool(reward))
+        return result
 
     def close(self) -> None:
         self._released.set()  # a hung step() returns: its abandoned worker thread does not outlive the run
@@ -76,9 +93,12 @@ class FaultySuite(HouseholdSuite):
     """The household suite whose episodes raise on every `raise_every`-th env step of the run and hang on
     every `hang_every`-th (0 = never); counts what it injected."""
 
-    def __init__(self, *, max_steps: int, raise_every: int = 0, hang_every: int = 0, **options: Any) -> None:
+    def __init__(
+        self, *, max_steps: int, raise_every: int = 0, hang_every: int = 0, random_reward: bool = False, **options: Any
+    ) -> None:
         super().__init__(max_steps=max_steps, **options)
-        self.raise_every, self.hang_every = raise_every, hang_every
+        self.raise_every, self.hang_every, self.random_reward = raise_every, hang_every, random_reward
+        self.rng = random.Random(0)
         self.lock = threading.Lock()
         self.steps = self.raised = self.hung = 0
         INSTANCES.append(self)
