@@ -138,6 +138,9 @@ class TransportSection(_Section):
     events: str = "inproc://rollcut-events"
     """PUB address that observers (custom stages) subscribe to."""
     hwm: int = 10000
+    allow_remote: bool = False
+    """Allow tcp addresses other than loopback (the sockets then accept frames from other hosts, which
+    nothing authenticates yet; see docs/architecture.md, "Transport security")."""
 
 
 class ProfileSection(_Section):
@@ -261,7 +264,25 @@ def _range_problems(cfg: RunConfig) -> list[str]:
         (cfg.transport.hwm >= 1, "transport.hwm must be >= 1"),
         (cfg.profile.gpu_sample_hz > 0, "profile.gpu_sample_hz must be > 0"),
     ]
-    return [msg for ok, msg in checks if not ok]
+    return [msg for ok, msg in checks if not ok] + _remote_problems(cfg.transport)
+
+
+_LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "::1")
+
+
+def _remote_problems(t: TransportSection) -> list[str]:
+    """Every socket of the pipeline is bound in this process: a tcp address must be loopback unless told."""
+    problems = []
+    for key in ("steps", "control", "results", "events"):
+        address: str = getattr(t, key)
+        if address.startswith("tcp://") and not t.allow_remote:
+            host = address[len("tcp://") :].rsplit(":", 1)[0]
+            if host not in _LOOPBACK:
+                problems.append(
+                    f"transport.{key}: {address} accepts frames from other hosts; bind tcp://127.0.0.1:PORT, or set "
+                    "transport.allow_remote = true (nothing authenticates remote peers yet, see docs/architecture.md)"
+                )
+    return problems
 
 
 NameCheck = Callable[[RunConfig], list[str]]
