@@ -80,7 +80,7 @@ def test_ctrl_c_after_first_update_then_resume_reaches_the_configured_updates(tm
     assert summary["stop_reason"] == "updates"
     assert summary["groups_trained"] == rows[-1]["groups_trained"]
     assert summary["groups_trained"] >= 4 * 2 - 0  # B = 2 groups per update, drop_zero_variance off
-    assert summary["env_steps"] == rows[-1]["env_steps"] > rows[stopped_at - 1]["env_steps"]
+    assert summary["env_steps"] >= rows[-1]["env_steps"] > rows[stopped_at - 1]["env_steps"]  # steps go on until the phase ends
     assert summary["grpo_wall_s"] >= rows[stopped_at - 1]["wall_s"]
     assert summary["heldout_success_after"] is not None and summary["peak_rss_mb"] > 0
 
