@@ -6,22 +6,26 @@
     python run.py pretrain                         # behaviour-clone (or load the cached) warm start, report held-out success
     python run.py profile runs/default             # print the per-stage table of an existing run
     python run.py check --config FILE.toml         # validate a config and print it resolved
+    python run.py resume runs/default              # continue a stopped run from its folder (--set allowed)
     python run.py ab --arms gate,async-grpo --seeds 0,1,2   # A/B study of preset arms (docs/ab.md; `ab --help`)
 
-Exit codes: 0 done, 1 a stage failed (one message naming it), 2 bad configuration or usage, 130 interrupted (Ctrl-C).
+Ctrl-C (or SIGTERM) stops a run within seconds with a checkpoint written; a second Ctrl-C exits at once.
+Exit codes: 0 done, 1 a stage failed (one message naming it; the checkpoint is kept), 2 bad configuration
+or usage, 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="run.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", nargs="?", default="train", choices=["train", "pretrain", "profile", "check"])
-    parser.add_argument("run_dir", nargs="?", help="run folder (for `profile`)")
+    parser.add_argument("command", nargs="?", default="train", choices=["train", "pretrain", "profile", "check", "resume"])
+    parser.add_argument("run_dir", nargs="?", help="run folder (for `profile` and `resume`)")
     parser.add_argument("--config", help="TOML config file")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--out", help="parent folder of run folders (same as --set run.out=DIR)")
@@ -35,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "profile":
         return _profile(args.run_dir)
+    if args.command == "resume":
+        return _resume(args)
     if args.run_dir is not None:
         print(f"run.py {args.command}: unexpected argument {args.run_dir!r}", file=sys.stderr)
         return 2
@@ -42,8 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     import trio
 
     from pipeline.config import ConfigError, dump_toml
-    from pipeline.job import load, run_job
-    from pipeline.stage import StageFailed
+    from pipeline.job import load
 
     overrides = list(args.overrides) + ([f"run.out={_toml_str(args.out)}"] if args.out else [])
     try:
@@ -54,25 +59,97 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         print(dump_toml(cfg))
         return 0
-    try:
-        if args.command == "pretrain":
+    if args.command == "pretrain":
+        try:
             trio.run(_pretrain, cfg)
-        else:
-            result = trio.run(run_job, cfg)
-            print(f"\nrun folder: {result.run_dir}\n")
-            print((result.run_dir / "summary.md").read_text())
-    except (KeyboardInterrupt, StageFailed, BaseExceptionGroup) as exc:
-        # Trio delivers Ctrl-C and a stage's failure inside the root nursery: they may arrive wrapped in
-        # an exception group.
-        failed = _first(exc, StageFailed)
-        if failed is not None:
-            print(f"\nrun.py: the run stopped: {failed}", file=sys.stderr)
-            return 1
-        if _first(exc, KeyboardInterrupt) is None:
+        except KeyboardInterrupt:
+            print("\nrun.py: interrupted", file=sys.stderr)
+            return 130
+        return 0
+    return _train(cfg, None)
+
+
+def _train(cfg, resume_dir: Path | None) -> int:  # noqa: ANN001
+    import trio
+
+    from pipeline.job import RunFailed, RunInterrupted
+
+    try:
+        result = trio.run(_with_signals, cfg, resume_dir)
+    except BaseException as exc:  # noqa: BLE001 - unwrapped below, anything else re-raised
+        leaf = exc
+        while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+            leaf = leaf.exceptions[0]  # the signal watcher's nursery wraps what run_job raised
+        if not isinstance(leaf, RunInterrupted | RunFailed):
             raise
-        print("\nrun.py: interrupted; every stage was cancelled and closed", file=sys.stderr)
-        return 130
+        print(f"\nrun.py: {leaf}", file=sys.stderr)
+        return 130 if isinstance(leaf, RunInterrupted) else 1
+    print(f"\nrun folder: {result.run_dir}\n")
+    print((result.run_dir / "summary.md").read_text())
     return 0
+
+
+async def _with_signals(cfg, resume_dir: Path | None):  # noqa: ANN001, ANN202
+    """run_job with Ctrl-C / SIGTERM turned into a graceful stop (checkpoint, then exit 130); a second
+    signal exits at once (the checkpoint files are written atomically, so none is ever half-written)."""
+    import signal
+
+    import trio
+
+    from pipeline.job import run_job
+
+    stop = trio.Event()
+
+    async def watch() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                if stop.is_set():
+                    print("\nrun.py: second interrupt, exiting now", file=sys.stderr, flush=True)
+                    os._exit(130)
+                print(f"\nrun.py: {signal.Signals(signum).name}: stopping and writing a checkpoint "
+                      "(Ctrl-C again to exit at once)", file=sys.stderr, flush=True)
+                stop.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch)
+        try:
+            return await run_job(cfg, resume_dir=resume_dir, stop=stop)
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+def _resume(args: argparse.Namespace) -> int:
+    """Continue the run in `args.run_dir`: its config.toml, plus --set overrides (checked against it)."""
+    from pipeline.config import ConfigError
+    from pipeline.job import load
+    from pipeline.resume import config_changes
+
+    if args.run_dir is None or args.config is not None:
+        print("run.py resume: give the run folder, e.g. `python run.py resume runs/default` (no --config: "
+              "the folder's config.toml is used; change values with --set)", file=sys.stderr)
+        return 2
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "config.toml").is_file():
+        print(f"run.py resume: {run_dir} is not a run folder (no config.toml)", file=sys.stderr)
+        return 2
+    try:
+        saved = load(run_dir / "config.toml", [])
+        cfg = load(run_dir / "config.toml", args.overrides)
+    except ConfigError as exc:
+        print(f"run.py resume: {exc}", file=sys.stderr)
+        return 2
+    blocking, training, harmless = config_changes(saved, cfg)
+    if blocking:
+        print("run.py resume: these --set values change what the checkpoint holds, so it cannot be resumed "
+              "with them (start a new run instead):\n" + "\n".join(f"  - {c}" for c in blocking), file=sys.stderr)
+        return 2
+    if training:
+        print("run.py resume: WARNING: these --set values change the training from the checkpoint on; the "
+              "resumed run is no longer the run that was started:\n" + "\n".join(f"  - {c}" for c in training),
+              file=sys.stderr)
+    for change in harmless:
+        print(f"run.py resume: {change}", file=sys.stderr)
+    return _train(cfg, run_dir)
 
 
 async def _pretrain(cfg) -> None:  # noqa: ANN001
@@ -93,12 +170,22 @@ def _profile(run_dir: str | None) -> int:
     if run_dir is None:
         print("run.py profile: give a run folder, e.g. `python run.py profile runs/default`", file=sys.stderr)
         return 2
+    import msgspec
+
     from pipeline.profiling import load_report
 
+    folder = Path(run_dir)
+    if not folder.is_dir():
+        print(f"run.py profile: {folder} is not a folder; give a run folder, e.g. runs/default", file=sys.stderr)
+        return 2
+    if not (folder / "profile_table.json").is_file():
+        kind = "a run folder whose GRPO phase has not finished" if (folder / "config.toml").is_file() else "not a run folder"
+        print(f"run.py profile: {folder} is {kind} (no profile_table.json; it is written when GRPO ends)", file=sys.stderr)
+        return 2
     try:
-        report = load_report(Path(run_dir))
-    except FileNotFoundError as exc:
-        print(f"run.py profile: {exc}", file=sys.stderr)
+        report = load_report(folder)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        print(f"run.py profile: cannot read {folder / 'profile_table.json'}: {exc}", file=sys.stderr)
         return 2
     print(report.table_markdown())
     return 0
@@ -112,20 +199,14 @@ def _ab(argv: list[str]) -> int:
     return ab_main(argv, load=load, command=[sys.executable, str(root / "run.py")], configs=root / "configs")
 
 
-def _first(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
-    """`exc` itself or the first `kind` inside it (exception groups nest)."""
-    if isinstance(exc, kind):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            if (found := _first(inner, kind)) is not None:
-                return found
-    return None
-
-
 def _toml_str(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Every file is closed by now; skip the interpreter's teardown, whose garbage collection of a large
+    # heap took ~3 s after a run (Ctrl-C must exit within 5 s).
+    os._exit(code)

@@ -142,6 +142,8 @@ class PrefixEditDistanceGate:
         if state is None or not state.pending:
             return None  # unknown, closed or fully decided group: nothing to decide
         r = event.rollout_index
+        if not 0 <= r < len(state.actions):
+            return None  # not a member of this group (the gate stage drops these before they get here)
         actions = state.actions[r]
         was_ready = len(actions) >= state.pending[0] or state.ended[r]
         if isinstance(event, RolloutFailed):

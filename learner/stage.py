@@ -12,7 +12,7 @@ update (a few seconds at most on the default model) and loses no weights half-wr
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -24,6 +24,7 @@ from pipeline.outcomes import is_zero_variance, label_rewards
 from pipeline.stage import StageContext
 
 from .trainer import Trainer
+from .validation import group_problem
 
 log = structlog.get_logger(__name__)
 
@@ -46,7 +47,6 @@ class LearnerCounters:
     groups_dropped_zero_variance: int = 0
     cut_groups_refused: int = 0
     updates: int = 0
-    trained_group_ids: list[int] = field(default_factory=list)
 
 
 class LearnerStage:
@@ -75,9 +75,17 @@ class LearnerStage:
         self.version = 0
         self.counters = LearnerCounters()
         self._limiter = trio.CapacityLimiter(1)
+        self._expected: set[int] = set()
+        """Training groups the runtime announced and the socket has not delivered yet (bounded by staleness)."""
+
+    def expect(self, group_id: int) -> None:
+        """The runtime is about to send training group `group_id`: accept it once."""
+        self._expected.add(group_id)
 
     async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        results = ctx.zmq.socket("pull", ctx.addresses.results, bind=True, receives=ResultStream, hwm=ctx.addresses.hwm)
+        results = ctx.zmq.socket(
+            "pull", ctx.addresses.results, bind=True, receives=ResultStream, hwm=ctx.addresses.hwm, name="results"
+        )
         send, receive = trio.open_memory_channel[GroupResult](4 * self.cfg.batch_groups)
         async with results, trio.open_nursery() as nursery:
             nursery.start_soon(self._receive, results, send)
@@ -87,6 +95,11 @@ class LearnerStage:
     async def _receive(self, results: Any, send: trio.MemorySendChannel[GroupResult]) -> None:
         async with send:
             async for group in results:
+                reason = "unknown_group" if group.group_id not in self._expected else group_problem(group)
+                if reason is not None:
+                    results.drop(reason, f"group {group.group_id}")
+                    continue
+                self._expected.discard(group.group_id)
                 await send.send(group)
 
     def _accept(self, group: GroupResult) -> bool:
@@ -122,7 +135,6 @@ class LearnerStage:
                     self.publish(self.version, state)
                 self.counters.updates += 1
                 self.counters.groups_trained += len(batch)
-                self.counters.trained_group_ids += [g.group_id for g in batch]
                 report = LearnerReport(self.version, batch, stats, dropped, trio.current_time() - started)
                 self.on_consumed(len(batch))
                 batch, dropped = [], 0

@@ -250,8 +250,14 @@ class Trainer:
         return (log_ratio.exp() - log_ratio - 1) * mask
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "rng": self._rng.getstate()}
+        """Weights, optimizer state and the item-sampling rng, copied (for checkpoints; call between updates)."""
+        return {
+            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "rng": self._rng.getstate(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])  # type: ignore[attr-defined]
         self.optimizer.load_state_dict(state["optimizer"])
         self._rng.setstate(state["rng"])

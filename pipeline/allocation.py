@@ -177,6 +177,20 @@ class AdmissionLoop:
             started += 1
         return started
 
+    @property
+    def next_group_id(self) -> int:
+        """Ids below this one were issued (group ids are never reused, not even across a resume)."""
+        return self._next_group_id
+
+    def state_dict(self) -> dict[str, int]:
+        """Group ids and counters (a resumed run never reuses a group id)."""
+        return {"next_group_id": self._next_group_id, "groups_admitted": self.groups_admitted, "backfills": self.backfills}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._next_group_id = state["next_group_id"]
+        self.groups_admitted = state["groups_admitted"]
+        self.backfills = state["backfills"]
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Admit forever; each state change (slots freed, update published) triggers another pass."""
         self.slots.start_clock()

@@ -43,6 +43,9 @@ class RunSection(_Section):
     this (0 = off)."""
     torch_threads: int = 1
     """torch intra-op threads for the policy thread (the learner has its own setting)."""
+    checkpoint_every: int = 1
+    """Write checkpoints/state.pt every this many learner updates (0 = only at the end and on Ctrl-C);
+    `python run.py resume RUN_DIR` continues from it."""
 
 
 class EnvSection(_Section):
@@ -92,6 +95,8 @@ class RolloutSection(_Section):
     """Stop the run (naming the stage and the first exception) once more than this fraction of
     trajectories failed, counted after `min_trajectories_for_error_rate` trajectories."""
     min_trajectories_for_error_rate: int = 50
+    step_timeout_s: float = 0.0
+    """Fail a trajectory whose env step takes longer (0 = no limit; > 0 runs env steps in worker threads)."""
 
 
 class GateSection(_Section):
@@ -167,6 +172,9 @@ class TransportSection(_Section):
     drain_s: float = 5.0
     """After the last update, how long custom stages get to read the event stream up to `PhaseFinished`
     and return before they are cancelled."""
+    allow_remote: bool = False
+    """Allow tcp addresses other than loopback (the sockets then accept frames from other hosts, which
+    nothing authenticates yet; see docs/architecture.md, "Transport security")."""
 
 
 class ProfileSection(_Section):
@@ -262,6 +270,7 @@ def _range_problems(cfg: RunConfig) -> list[str]:
         (cfg.run.updates >= 1, "run.updates must be >= 1"),
         (cfg.run.max_wall_s > 0, "run.max_wall_s must be > 0"),
         (cfg.run.torch_threads >= 1, "run.torch_threads must be >= 1"),
+        (cfg.run.checkpoint_every >= 0, "run.checkpoint_every must be >= 0"),
         (cfg.env.max_steps >= 1, "env.max_steps must be >= 1"),
         (cfg.env.train_tasks >= 0, "env.train_tasks must be >= 0"),
         (cfg.policy.temperature >= 0, "policy.temperature must be >= 0"),
@@ -275,6 +284,7 @@ def _range_problems(cfg: RunConfig) -> list[str]:
             cfg.rollout.slots >= cfg.rollout.group_size,
             f"rollout.slots ({cfg.rollout.slots}) must be >= rollout.group_size ({cfg.rollout.group_size})",
         ),
+        (cfg.rollout.step_timeout_s >= 0, "rollout.step_timeout_s must be >= 0"),
         (cfg.gate.k >= 1, "gate.k must be >= 1"),
         (cfg.gate.tau >= 0, "gate.tau must be >= 0"),
         (all(k >= 1 for k in cfg.gate.checkpoints), "gate.checkpoints must all be >= 1"),
@@ -303,7 +313,25 @@ def _range_problems(cfg: RunConfig) -> list[str]:
         (cfg.transport.drain_s >= 0, "transport.drain_s must be >= 0"),
         (cfg.profile.gpu_sample_hz > 0, "profile.gpu_sample_hz must be > 0"),
     ]
-    return [msg for ok, msg in checks if not ok]
+    return [msg for ok, msg in checks if not ok] + _remote_problems(cfg.transport)
+
+
+_LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "::1")
+
+
+def _remote_problems(t: TransportSection) -> list[str]:
+    """Every socket of the pipeline is bound in this process: a tcp address must be loopback unless told."""
+    problems = []
+    for key in ("steps", "control", "results", "events"):
+        address: str = getattr(t, key)
+        if address.startswith("tcp://") and not t.allow_remote:
+            host = address[len("tcp://") :].rsplit(":", 1)[0]
+            if host not in _LOOPBACK:
+                problems.append(
+                    f"transport.{key}: {address} accepts frames from other hosts; bind tcp://127.0.0.1:PORT, or set "
+                    "transport.allow_remote = true (nothing authenticates remote peers yet, see docs/architecture.md)"
+                )
+    return problems
 
 
 NameCheck = Callable[[RunConfig], list[str]]

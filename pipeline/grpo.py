@@ -18,7 +18,6 @@ of `pipeline/` do not.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +34,10 @@ from stages.gate_stage import GateStage
 from stages.policy.base import Policy
 from stages.rollout import RolloutStage
 
+from . import resume
 from .allocation import AdmissionLoop, SlotPool, StalenessPacer
 from .config import RunConfig
+from .histogram import LogHistogram
 from .messages import AnyMessage, CancelGroup, ControlStream, GroupResult, PhaseFinished, TrajectoryStatus, WeightsPublished
 from .outcomes import FIRST_STAGE_KINDS, MergedOutcomes, is_zero_variance, label_rewards
 from .profiling import Profiler
@@ -65,12 +66,16 @@ class GrpoTally:
     shadow_cancels: int = 0
     rollouts_finished: int = 0
     successes: int = 0
-    cut_group_ids: list[int] = field(default_factory=list)
     window_rollouts: int = 0
     window_successes: int = 0
     window_steps_at: int = 0
     window_started: float = 0.0
-    loop_lag_s: list[float] = field(default_factory=list)
+    loop_lag: LogHistogram = field(default_factory=LogHistogram)
+    """Loop-lag samples (seconds) in constant memory."""
+    resumed_wall_s: float = 0.0
+    """GRPO wall time of the run's earlier segments (before a resume)."""
+    resumed_dropped_frames: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Frames dropped in the run's earlier segments, by socket and reason."""
     first_stage_groups: int = 0
     first_stage_cut: int = 0
     merged_full_size: int = 0
@@ -97,13 +102,15 @@ class GrpoOutcome:
     allocator: Allocator
     slot_occupancy: float
     trajectory_slot_occupancy: float
+    dropped_frames: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Frames dropped by each receiving socket, by reason (bad frames, forged or inconsistent messages)."""
 
     @property
     def env_steps(self) -> int:
         return self.rollout.env_steps
 
     def loop_lag_p99_ms(self) -> float:
-        return _p99_ms(self.tally.loop_lag_s)
+        return _p99_ms(self.tally.loop_lag)
 
 
 async def _publish_events(
@@ -153,7 +160,7 @@ async def _monitor_loop_lag(tally: GrpoTally, period_s: float = 0.01) -> None:
     while True:
         before = trio.current_time()
         await trio.sleep(period_s)
-        tally.loop_lag_s.append(max(0.0, trio.current_time() - before - period_s))
+        tally.loop_lag.add(max(0.0, trio.current_time() - before - period_s))
 
 
 async def _host_nursery(*, task_status: Any) -> None:
@@ -175,10 +182,18 @@ async def run_grpo(
     metrics: MetricsWriter,
     observers: Sequence[Stage] = (),
     progress: Progress | None = None,
+    checkpointer: resume.Checkpointer | None = None,
+    restore: Mapping[str, Any] | None = None,
+    stop: trio.Event | None = None,
     evaluate: Callable[[int, Mapping[str, Any]], Awaitable[dict[str, float]]] | None = None,
 ) -> GrpoOutcome:
-    """Train until `run.updates` learner updates (or `run.max_wall_s`, or `run.target_heldout`); returns
-    the phase's outcome. `evaluate(version, weights)` measures held-out success every `eval.every` updates."""
+    """Train until `run.updates` learner updates (or `run.max_wall_s`, or `stop`); returns the phase's outcome.
+
+    `checkpointer` captures the state at every update boundary; `restore` (a checkpoint's `grpo` counters)
+    continues a stopped run's counts; `stop` (Ctrl-C) ends the phase at once: an update under way is not
+    counted, the checkpoint is the last update boundary. `evaluate(version, weights)` measures held-out
+    success every `eval.every` updates (and `run.target_heldout` may end the phase).
+    """
     tally = GrpoTally()
     done = trio.Event()
     stop_reason = "updates"
@@ -197,7 +212,7 @@ async def run_grpo(
     steps_send, steps_recv = trio.open_memory_channel[Any](4096)
     results_send, results_recv = trio.open_memory_channel[GroupResult](4 * cfg.learner.batch_groups)
     rollout = RolloutStage(
-        suite, policy, tasks, steps_send, profiler=profiler,
+        suite, policy, tasks, steps_send, profiler=profiler, step_timeout_s=cfg.rollout.step_timeout_s,
         max_error_rate=cfg.rollout.max_error_rate, min_trajectories=cfg.rollout.min_trajectories_for_error_rate,
         on_trajectory_end=lambda: admission.trajectory_finished(),
     )
@@ -209,6 +224,7 @@ async def run_grpo(
         # The last version is measured by the job's after-evaluation; earlier ones every eval.every updates.
         if evaluate is not None and cfg.eval.every and version % cfg.eval.every == 0 and version < cfg.run.updates:
             latest_weights[version] = state  # a detached copy: the trainer goes on with its own tensors
+
     attach = getattr(policy, "attach_profiler", None)  # optional: a backend that records its own spans
     if attach is not None:
         attach(profiler)
@@ -223,6 +239,11 @@ async def run_grpo(
         )
         row = _metrics_row(report, tally, rollout, learner, allocator, gate_stage, slots, started)
         metrics.write(row)
+        if checkpointer is not None:
+            state = _checkpoint_state(report.version, trainer, policy, allocator, admission, tally, rollout, learner, gate_stage, started)
+            state["grpo"]["dropped_frames"] = resume.add_counts(tally.resumed_dropped_frames, zmq.dropped_frames())
+            checkpointer.capture(state)
+            await checkpointer.after_update(report.version)
         if progress is not None:
             progress.update_line(row, final=True)
         if report.version in latest_weights:
@@ -293,14 +314,19 @@ async def run_grpo(
         tally.groups_emitted += len(training)
         await events_send.send(result)
         for group in training:
+            learner.expect(group.group_id)
             await results_send.send(group)
         admission.wake()
 
     async def receive_control(zmq: Context, *, task_status: Any) -> None:
-        control = zmq.socket("pull", t.control, bind=True, receives=ControlStream, hwm=t.hwm)
+        control = zmq.socket("pull", t.control, bind=True, receives=ControlStream, hwm=t.hwm, name="control")
         async with control:
             task_status.started()
             async for decision in control:
+                reason = _control_problem(decision, gate_stage, admission.next_group_id)
+                if reason is not None:
+                    control.drop(reason, f"cancel of group {decision.group_id} by {decision.gate!r}")
+                    continue
                 await _apply_cut(decision, rollout, tally)
                 await events_send.send(decision)
 
@@ -321,12 +347,20 @@ async def run_grpo(
             groups = await nursery.start(_host_nursery)
             evals = await nursery.start(_host_nursery)
             admission = AdmissionLoop(allocator, slots, pacer, lambda gid, adm: groups.start_soon(run_one, gid, adm))
+            if restore is not None:
+                resume.restore_counters(restore, tally=tally, admission=admission, rollout=rollout, learner=learner, gate=gate_stage)
+            if learner.version >= cfg.run.updates:
+                done.set()  # resumed after the last update: nothing left to train
+            if stop is not None:
+                nursery.start_soon(_set_on, stop, done)
             await nursery.start(admission.run)
             if progress is not None:
                 nursery.start_soon(progress.tick, lambda: _live_status(tally, rollout, learner, slots, pacer, started))
             with trio.move_on_after(cfg.run.max_wall_s) as deadline:
                 await done.wait()
-            if deadline.cancelled_caught:
+            if stop is not None and stop.is_set() and learner.version < cfg.run.updates:
+                stop_reason = "interrupted"
+            elif deadline.cancelled_caught:
                 stop_reason = "max_wall_s"
                 log.warning("grpo.wall_limit", max_wall_s=cfg.run.max_wall_s, updates=learner.version)
             else:
@@ -335,15 +369,16 @@ async def run_grpo(
             with trio.move_on_after(cfg.transport.drain_s):  # stages that return on PhaseFinished saw everything
                 await observers_done.wait()
             occupancy = slots.occupancy()
-            wall = trio.current_time() - started
+            wall = trio.current_time() - started + tally.resumed_wall_s
             trajectory_occupancy = rollout.trajectory_seconds / (cfg.rollout.slots * wall) if wall > 0 else float("nan")
             nursery.cancel_scope.cancel("GRPO phase finished")
     merged.flush()
     if gate_stage is not None:
         gate_stage.finish()
+    dropped = resume.add_counts(tally.resumed_dropped_frames, zmq.dropped_frames())
     return GrpoOutcome(
         stop_reason=stop_reason,
-        wall_s=trio.current_time() - started,
+        wall_s=trio.current_time() - started + tally.resumed_wall_s,
         updates=learner.version,
         tally=tally,
         admission=admission,
@@ -353,7 +388,21 @@ async def run_grpo(
         allocator=allocator,
         slot_occupancy=occupancy,
         trajectory_slot_occupancy=trajectory_occupancy,
+        dropped_frames=dropped,
     )
+
+
+def _control_problem(decision: CancelGroup, gate: GateStage | None, next_group_id: int) -> str | None:
+    """Why a cut decision cannot be from this run's gate stage (None: apply it)."""
+    if gate is None:
+        return "no_gate"
+    if decision.gate != gate.gate.name:
+        return "unknown_gate"
+    if decision.shadow != gate.shadow:
+        return "shadow_mismatch"
+    if not 0 <= decision.group_id < next_group_id:
+        return "unknown_group"
+    return None
 
 
 async def _apply_cut(decision: CancelGroup, rollout: RolloutStage, tally: GrpoTally) -> None:
@@ -381,7 +430,6 @@ def _tally_group(tally: GrpoTally, result: GroupResult) -> None:
     rewards = label_rewards(result)
     if result.cut:
         tally.groups_cut += 1
-        tally.cut_group_ids.append(result.group_id)
         return
     tally.groups_complete += 1
     tally.zero_variance_complete += is_zero_variance(rewards)
@@ -409,7 +457,7 @@ def _metrics_row(
     steps = rollout.env_steps - tally.window_steps_at
     row: dict[str, Any] = {
         "iteration": report.version,
-        "wall_s": now - started,
+        "wall_s": now - started + tally.resumed_wall_s,
         "success_rate": tally.window_successes / tally.window_rollouts if tally.window_rollouts else None,
         "groups_admitted": tally.groups_finished + rollout.running_groups,
         "groups_cut": tally.groups_cut,
@@ -420,7 +468,7 @@ def _metrics_row(
         "env_steps": rollout.env_steps,
         "env_steps_per_s": steps / window_s,
         "train_s": report.train_seconds,
-        "loop_lag_p99_ms": _p99_ms(tally.loop_lag_s),
+        "loop_lag_p99_ms": _p99_ms(tally.loop_lag),
     }
     row |= dict(report.stats)
     tally.staleness_lag_max = max(tally.staleness_lag_max, report.stats.get("staleness_lag_max", 0.0))
@@ -438,11 +486,32 @@ def _metrics_row(
     return row
 
 
-def _p99_ms(samples: list[float]) -> float:
-    if not samples:
-        return float("nan")
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)] * 1e3
+def _p99_ms(samples: LogHistogram) -> float:
+    return samples.quantile(0.99) * 1e3
+
+
+async def _set_on(stop: trio.Event, done: trio.Event) -> None:
+    await stop.wait()
+    done.set()
+
+
+def _checkpoint_state(
+    version: int, trainer: Trainer, policy: Policy, allocator: Allocator, admission: AdmissionLoop, tally: GrpoTally,
+    rollout: RolloutStage, learner: LearnerStage, gate: GateStage | None, started: float,
+) -> dict[str, Any]:
+    """Everything `pipeline.resume` saves, taken between updates (the learner thread is idle)."""
+    sampling_state = getattr(policy, "sampling_state", None)  # optional on a backend
+    return {
+        "version": version,
+        "trainer": trainer.state_dict(),
+        "policy": sampling_state() if sampling_state is not None else None,
+        "allocator": allocator.state_dict(),
+        "grpo": resume.capture_counters(
+            tally=tally, admission=admission, rollout=rollout, learner=learner, gate=gate,
+            wall_s=trio.current_time() - started + tally.resumed_wall_s,
+        ),
+        "rng": resume.rng_state(),
+    }
 
 
 def _live_status(tally: GrpoTally, rollout: RolloutStage, learner: LearnerStage, slots: SlotPool, pacer: StalenessPacer, started: float) -> dict[str, Any]:

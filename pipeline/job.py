@@ -7,14 +7,17 @@ the run folder. Everything it builds is also usable on its own (see docs/archite
 
 from __future__ import annotations
 
+import errno
 import json
 import random
 import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 import torch
 import trio
@@ -25,17 +28,19 @@ from learner.aggregation import AGGREGATIONS
 from learner.losses import LOSSES
 from learner.trainer import Trainer
 from stages.envs import ENVS, EnvSuite, Task
-from stages.evaluate import EvalReport, evaluate
+from stages.evaluate import EpisodeOutcome, EvalReport, evaluate, summarize
 from stages.policy import POLICIES, Policy
 from stages.policy.workers import WorkerPoolPolicy
 
+from . import resume
 from .config import RunConfig, dump_toml, load_config
 from .curves import curve_points, write_learning_curve
 from .grpo import GrpoOutcome, run_grpo
+from .memory import peak_rss_mb, tune_malloc
 from .profiling import Profiler
 from .progress import Progress
 from .rundir import MetricsWriter, configure_logging, create_run_dir, write_summary
-from .stage import STAGES, build_stage
+from .stage import STAGES, StageFailed, build_stage
 
 log = structlog.get_logger(__name__)
 
@@ -52,6 +57,33 @@ def name_checks(cfg: RunConfig) -> list[str]:
         problems += STAGES.check(spec.target, f"stages[{i}].target")
     if cfg.gate.k > cfg.env.max_steps:
         problems.append(f"gate.k ({cfg.gate.k}) is beyond env.max_steps ({cfg.env.max_steps}): the gate could never fire")
+    return problems + (build_checks(cfg) if not problems else [])
+
+
+_BUILD_ERRORS = (TypeError, ValueError, LookupError, OSError, ImportError)
+
+
+def build_checks(cfg: RunConfig) -> list[str]:
+    """Build every plugin with its options (cheap constructors, no warm start) so a bad option or a missing
+    games folder fails `run.py check` and the start of `run.py` with exit 2, not a traceback after the warm
+    start. A policy backend may offer `check_options(policy_section) -> list[str]` for its options."""
+    problems: list[str] = []
+
+    def attempt(where: str, build: Any) -> None:
+        try:
+            build()
+        except _BUILD_ERRORS as exc:
+            problems.append(f"{where}: {exc}")
+
+    if cfg.gate.enabled:
+        gate_cls = GATES.get(cfg.gate.name)
+        attempt("gate.options", lambda: gate_cls(k=cfg.gate.k, tau=cfg.gate.tau, checkpoints=cfg.gate.checkpoints, **cfg.gate.options))
+    attempt("env", lambda: build_suite(cfg))
+    check_policy = getattr(POLICIES.get(cfg.policy.backend), "check_options", None)
+    if check_policy is not None:
+        problems += [f"policy.options: {p}" for p in check_policy(cfg.policy)]
+    for i, spec in enumerate(cfg.stages):
+        attempt(f"stages[{i}]", lambda spec=spec: build_stage(spec.target, spec.options))
     return problems
 
 
@@ -73,7 +105,14 @@ def build_policy(cfg: RunConfig, suite: EnvSuite, *, workers: int | None = None)
 
 
 def heldout_tasks(cfg: RunConfig, suite: EnvSuite) -> dict[str, list[Task]]:
-    return {split: list(suite.tasks(split))[: cfg.eval.tasks] for split in cfg.eval.splits} if cfg.eval.tasks else {}
+    """The first `eval.tasks` of each eval split; an empty split is left out with a warning (not "0.0%")."""
+    if not cfg.eval.tasks:
+        return {}
+    splits = {split: list(suite.tasks(split))[: cfg.eval.tasks] for split in cfg.eval.splits}
+    for split in [s for s, tasks in splits.items() if not tasks]:
+        log.warning("eval.empty_split", split=split, env=cfg.env.name, note="this split has no tasks: its success is not measured")
+        del splits[split]
+    return splits
 
 
 async def evaluate_heldout(policy: Policy, suite: EnvSuite, splits: dict[str, list[Task]], greedy: bool) -> dict[str, EvalReport]:
@@ -114,78 +153,199 @@ class JobResult:
     outcome: GrpoOutcome
 
 
-async def run_job(cfg: RunConfig, *, progress: Progress | None = None) -> JobResult:
-    """Run the whole job; the run folder is created first so even a failed run leaves its events."""
+class RunInterrupted(Exception):
+    """Ctrl-C / SIGTERM stopped the run; `version` is the update its checkpoint holds (None: none yet)."""
+
+    def __init__(self, run_dir: Path, version: int | None) -> None:
+        self.run_dir, self.version = run_dir, version
+        saved = f"checkpoint at update {version} written" if version is not None else "no update finished yet"
+        super().__init__(f"interrupted; {saved}; continue with `python run.py resume {run_dir}`")
+
+
+class RunFailed(Exception):
+    """A stage failed; the message says which and what, and where the checkpoint is."""
+
+
+async def run_job(
+    cfg: RunConfig, *, progress: Progress | None = None, resume_dir: Path | None = None, stop: trio.Event | None = None
+) -> JobResult:
+    """Run the whole job (or continue the stopped one in `resume_dir`); the run folder is created first so
+    even a failed run leaves its events. `stop` (Ctrl-C) ends it with a checkpoint: `RunInterrupted`."""
     wall_started = time.perf_counter()
-    run_dir = create_run_dir(cfg)
+    tune_malloc()  # before the model and its tensors exist (see pipeline/memory.py)
+    run_dir = resume_dir if resume_dir is not None else create_run_dir(cfg)
+    checkpoint = resume.load_state(run_dir) if resume_dir is not None else None
+    if resume_dir is not None:
+        resume.trim_metrics(run_dir, checkpoint["version"] if checkpoint else 0)
+        resume.atomic_write_text(run_dir / "config.toml", dump_toml(cfg))
     events_file = configure_logging(run_dir)
     progress = progress or Progress(cfg.run.updates, enabled=cfg.run.progress)
-    progress.message(f"rollcut: run folder {run_dir}")
+    progress.message(f"rollcut: run folder {run_dir}" + (f" (resumed at update {checkpoint['version']})" if checkpoint else ""))
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
     torch.set_num_threads(cfg.run.torch_threads)
     try:
-        suite = build_suite(cfg)
-        progress.message(f"warm start: {cfg.policy.backend} policy on {cfg.env.name} (cached after first use)")
-        t0 = time.perf_counter()
-        policy = await trio.to_thread.run_sync(build_policy, cfg, suite)
-        warm_start_s = time.perf_counter() - t0
-        splits = heldout_tasks(cfg, suite)
-        before = await evaluate_heldout(policy, suite, splits, cfg.eval.greedy)
-        progress.message("held-out success before GRPO: " + _fmt_eval(before))
-
-        train = list(suite.tasks("train"))
-        if cfg.env.train_tasks:
-            train = train[: cfg.env.train_tasks]
-        allocator = build_allocator(
-            cfg.allocator.name,
-            cfg.allocator.options,
-            AllocatorContext(tasks=train, group_size=cfg.rollout.group_size, batch_groups=cfg.learner.batch_groups, seed=cfg.run.seed),
-        )
-        trainer = Trainer(
-            policy.trainable(), cfg.learner, LOSSES.get(cfg.learner.loss),
-            temperature=cfg.policy.temperature, top_p=cfg.policy.top_p, seed=cfg.run.seed,
-        )
-        observers = [build_stage(spec.target, spec.options) for spec in cfg.stages]
-        profiler = Profiler.from_config(cfg.profile, thread_cpu=cfg.profile.thread_cpu, gpu_stages=cfg.profile.gpu_stages)
-        metrics = MetricsWriter(run_dir)
-        progress.message(
-            f"GRPO: {cfg.run.updates} updates x {cfg.learner.batch_groups} groups, G={cfg.rollout.group_size}, "
-            f"gate {'on' if cfg.gate.enabled else 'off'}{' (shadow)' if cfg.gate.enabled and cfg.gate.shadow else ''}, "
-            f"allocator {cfg.allocator.name}"
-        )
-        tokens_before = _generated_tokens(policy)
-        async with profiler.sampling():
-            outcome = await run_grpo(
-                cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in train}, allocator=allocator,
-                trainer=trainer, run_dir=run_dir, profiler=profiler, metrics=metrics, observers=observers,
-                progress=progress, evaluate=_periodic_evaluator(cfg, suite, splits) if cfg.eval.every and splits else None,
-            )
-        tokens_after = _generated_tokens(policy)
-        generated = tokens_after - tokens_before if tokens_before is not None and tokens_after is not None else None
-        metrics.close()
-        report = profiler.finish()
-        profiler.write(run_dir)
-        overhead = profiler.overhead_estimate() if profiler.enabled else None
-        after = await evaluate_heldout(policy, suite, splits, cfg.eval.greedy)
-        progress.message("held-out success after GRPO:  " + _fmt_eval(after))
-        _save_checkpoints(run_dir, trainer, allocator)
-        summary = _summary(cfg, outcome, before, after, warm_start_s, time.perf_counter() - wall_started,
-                           profiler_overhead_pct=overhead["overhead_pct"] if overhead else None, generated_tokens=generated)
-        if outcome.tally.evaluations:
-            write_learning_curve(
-                run_dir / "learning_curve.png",
-                curve_points({s: r.success for s, r in before.items()}, outcome.tally.evaluations,
-                             {s: r.success for s, r in after.items()}, final_wall_s=outcome.wall_s, final_env_steps=outcome.env_steps),
-                title=f"{cfg.run.name}: held-out success (seed {cfg.run.seed})",
-            )
-        write_summary(run_dir, summary, {"Per-stage profile": report.table_markdown(), "Held-out success by family": _family_table(before, after)})
-        log.info("job.finished", **{k: v for k, v in summary.items() if not isinstance(v, dict | list)})
-        return JobResult(run_dir, summary, outcome)
+        return await _run_phases(cfg, run_dir, checkpoint, progress, stop if stop is not None else trio.Event(), wall_started)
     finally:
         if events_file is not None:
             configure_logging(None)  # later events (another job, a test) must not write to the closed file
             events_file.close()
+
+
+async def _run_phases(
+    cfg: RunConfig, run_dir: Path, checkpoint: dict[str, Any] | None, progress: Progress, stop: trio.Event, wall_started: float
+) -> JobResult:
+    job = dict(checkpoint["job"]) if checkpoint else {}
+    suite = build_suite(cfg)
+    splits = heldout_tasks(cfg, suite)
+    policy, warm_start_s = await _unless_stopped(stop, run_dir, _build_policy, cfg, suite, checkpoint)
+    if "heldout_before" in job:
+        before = _reports_from_json(job["heldout_before"])
+    else:
+        before = await _unless_stopped(stop, run_dir, evaluate_heldout, policy, suite, splits, cfg.eval.greedy)
+        job |= {"heldout_before": _reports_to_json(before), "warm_start_s": warm_start_s, "job_wall_s": 0.0}
+    progress.message("held-out success before GRPO: " + _fmt_eval(before))
+
+    train = list(suite.tasks("train"))
+    if cfg.env.train_tasks:
+        train = train[: cfg.env.train_tasks]
+    allocator = build_allocator(
+        cfg.allocator.name,
+        cfg.allocator.options,
+        AllocatorContext(tasks=train, group_size=cfg.rollout.group_size, batch_groups=cfg.learner.batch_groups, seed=cfg.run.seed),
+    )
+    trainer = Trainer(
+        policy.trainable(), cfg.learner, LOSSES.get(cfg.learner.loss),
+        temperature=cfg.policy.temperature, top_p=cfg.policy.top_p, seed=cfg.run.seed,
+    )
+    if checkpoint is not None:
+        allocator.load_state_dict(checkpoint["allocator"])
+        trainer.load_state_dict(checkpoint["trainer"])
+        resume.set_rng_state(checkpoint["rng"])
+    observers = [build_stage(spec.target, spec.options) for spec in cfg.stages]
+    profiler = Profiler.from_config(cfg.profile, thread_cpu=cfg.profile.thread_cpu, gpu_stages=cfg.profile.gpu_stages)
+    metrics = MetricsWriter(run_dir)
+    checkpointer = resume.Checkpointer(run_dir, cfg.run.checkpoint_every, job)
+    checkpointer.latest = checkpoint
+    checkpointer.written_version = checkpoint["version"] if checkpoint else None
+    progress.message(
+        f"GRPO: {cfg.run.updates} updates x {cfg.learner.batch_groups} groups, G={cfg.rollout.group_size}, "
+        f"gate {'on' if cfg.gate.enabled else 'off'}{' (shadow)' if cfg.gate.enabled and cfg.gate.shadow else ''}, "
+        f"allocator {cfg.allocator.name}"
+    )
+    checkpointer.job["job_wall_s"] = job["job_wall_s"] + (time.perf_counter() - wall_started)  # wall outside GRPO
+    tokens_before = _generated_tokens(policy)
+    try:
+        async with profiler.sampling():
+            outcome = await run_grpo(
+                cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in train}, allocator=allocator,
+                trainer=trainer, run_dir=run_dir, profiler=profiler, metrics=metrics, observers=observers,
+                progress=progress, checkpointer=checkpointer, restore=checkpoint["grpo"] if checkpoint else None, stop=stop,
+                evaluate=_periodic_evaluator(cfg, suite, splits) if cfg.eval.every and splits else None,
+            )
+    except Exception as exc:
+        raise RunFailed(failure_message(exc, run_dir, _save_on_failure(checkpointer))) from exc
+    finally:
+        metrics.close()
+    tokens_after = _generated_tokens(policy)
+    generated = tokens_after - tokens_before if tokens_before is not None and tokens_after is not None else None
+    version = checkpointer.write()
+    grpo_ended = time.perf_counter()
+    report = profiler.finish()
+    profiler.write(run_dir)
+    interrupted = outcome.stop_reason == "interrupted"
+    overhead = profiler.overhead_estimate() if profiler.enabled and not interrupted else None  # ~2 s of probing
+    after = {} if interrupted else await _unless_stopped(stop, run_dir, evaluate_heldout, policy, suite, splits, cfg.eval.greedy, version=version)
+    if not interrupted:
+        progress.message("held-out success after GRPO:  " + _fmt_eval(after))
+        _save_checkpoints(run_dir, trainer, allocator)
+    wall_s = checkpointer.job["job_wall_s"] + outcome.wall_s + (time.perf_counter() - grpo_ended)
+    summary = _summary(cfg, outcome, before, after, job["warm_start_s"], wall_s,
+                       profiler_overhead_pct=overhead["overhead_pct"] if overhead else None, generated_tokens=generated)
+    if outcome.tally.evaluations:
+        write_learning_curve(
+            run_dir / "learning_curve.png",
+            curve_points({s: r.success for s, r in before.items()}, outcome.tally.evaluations,
+                         {s: r.success for s, r in after.items()}, final_wall_s=outcome.wall_s, final_env_steps=outcome.env_steps),
+            title=f"{cfg.run.name}: held-out success (seed {cfg.run.seed})",
+        )
+    write_summary(run_dir, summary, {"Per-stage profile": report.table_markdown(), "Held-out success by family": _family_table(before, after)})
+    log.info("job.finished", **{k: v for k, v in summary.items() if not isinstance(v, dict | list)})
+    if interrupted:
+        raise RunInterrupted(run_dir, version)
+    return JobResult(run_dir, summary, outcome)
+
+
+async def _build_policy(cfg: RunConfig, suite: EnvSuite, checkpoint: dict[str, Any] | None) -> tuple[Policy, float]:
+    """The warm-started policy, or (resuming) the checkpoint's weights with no warm start at all."""
+    t0 = time.perf_counter()
+    if checkpoint is None:
+        policy = await trio.to_thread.run_sync(build_policy, cfg, suite, abandon_on_cancel=True)
+        return policy, time.perf_counter() - t0
+    cold = msgspec.structs.replace(cfg, pretrain=msgspec.structs.replace(cfg.pretrain, enabled=False))
+    policy = await trio.to_thread.run_sync(build_policy, cold, suite, abandon_on_cancel=True)
+    policy.load_weights(checkpoint["version"], checkpoint["trainer"]["model"])
+    load_sampling = getattr(policy, "load_sampling_state", None)
+    if load_sampling is not None and checkpoint["policy"] is not None:
+        load_sampling(checkpoint["policy"])
+    return policy, time.perf_counter() - t0
+
+
+async def _unless_stopped(stop: trio.Event, run_dir: Path, fn: Any, *args: Any, version: int | None = None) -> Any:
+    """`await fn(*args)`, cancelled by `stop` (then `RunInterrupted`)."""
+    result = None
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            await stop.wait()
+            nursery.cancel_scope.cancel("interrupted")
+
+        nursery.start_soon(watch)
+        result = await fn(*args)
+        nursery.cancel_scope.cancel()
+    if stop.is_set():
+        raise RunInterrupted(run_dir, version)
+    return result
+
+
+def _save_on_failure(checkpointer: resume.Checkpointer) -> str:
+    try:
+        version = checkpointer.write()
+    except OSError as exc:
+        return f"the checkpoint could not be written either ({exc}); the previous one, if any, is intact"
+    return f"checkpoint at update {version} kept" if version is not None else "no update had finished (no checkpoint)"
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+def failure_message(exc: BaseException, run_dir: Path, saved: str) -> str:
+    """One readable paragraph: which stage failed (by the file that raised), what, and what to do."""
+    lines = []
+    for leaf in _leaves(exc):
+        if isinstance(leaf, StageFailed):  # the stage said what went wrong
+            lines.append(str(leaf))
+            continue
+        if isinstance(leaf, OSError) and leaf.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            lines.append(f"the disk of the run folder is full ({leaf.strerror}{': ' + str(leaf.filename) if leaf.filename else ''})")
+            continue
+        frames = [f"{Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno}"
+                  for f in reversed(traceback.extract_tb(leaf.__traceback__))
+                  if "/site-packages/" not in f.filename and "/lib/python" not in f.filename]  # innermost first
+        stage = next((s for s in map(_stage_of, frames) if s is not None), "the run")
+        lines.append(f"{stage} failed: {type(leaf).__name__}: {leaf} (at {frames[0] if frames else '?'})")
+    return "; ".join(lines) + f". {saved}; after fixing it, continue with `python run.py resume {run_dir}`"
+
+
+def _stage_of(where: str) -> str | None:
+    for fragment, stage in (("learner/", "the learner"), ("torch_tiny/", "the policy server"), ("gate", "the gate stage"),
+                            ("rollout", "the rollout stage"), ("envs/", "the environment"), ("allocators/", "the allocator")):
+        if where.startswith(fragment) or f"/{fragment}" in where or fragment in where.split(":")[0]:
+            return stage
+    return None
 
 
 def _fmt_eval(reports: dict[str, EvalReport]) -> str:
@@ -196,7 +356,7 @@ def _family_table(before: dict[str, EvalReport], after: dict[str, EvalReport]) -
     lines = ["| split | family | before | after |", "|---|---|---|---|"]
     for split, report in before.items():
         for family, value in sorted(report.per_family.items()):
-            lines.append(f"| {split} | {family} | {value:.1%} | {after[split].per_family.get(family, float('nan')):.1%} |")
+            lines.append(f"| {split} | {family} | {value:.1%} | {after[split].per_family.get(family, float('nan')) if split in after else float('nan'):.1%} |")
     return "\n".join(lines)
 
 
@@ -263,6 +423,9 @@ def _summary(
         "grpo_wall_s": outcome.wall_s,
         "wall_s": wall_s,
         "allocator_stats": alloc,
+        "peak_rss_mb": peak_rss_mb(),
+        "dropped_frames_total": sum(n for counts in outcome.dropped_frames.values() for n in counts.values()),
+        "dropped_frames": outcome.dropped_frames,
     }
 
 
@@ -273,5 +436,13 @@ def _generated_tokens(policy: Policy) -> int | None:
 
 
 def _save_checkpoints(run_dir: Path, trainer: Trainer, allocator: Any) -> None:
-    torch.save(trainer.model.state_dict(), run_dir / "checkpoints" / "policy.pt")
-    (run_dir / "checkpoints" / "allocator.json").write_text(json.dumps(allocator.state_dict()))
+    resume.atomic_write(run_dir / "checkpoints" / "policy.pt", lambda f: torch.save(trainer.model.state_dict(), f))
+    resume.atomic_write_text(run_dir / "checkpoints" / "allocator.json", json.dumps(allocator.state_dict()))
+
+
+def _reports_to_json(reports: dict[str, EvalReport]) -> dict[str, list[list[Any]]]:
+    return {split: [[e.task_id, e.family, e.won, e.steps] for e in r.episodes] for split, r in reports.items()}
+
+
+def _reports_from_json(data: dict[str, list[list[Any]]]) -> dict[str, EvalReport]:
+    return {split: summarize([EpisodeOutcome(*row) for row in rows]) for split, rows in data.items()}

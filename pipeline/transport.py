@@ -11,7 +11,15 @@ Lifetimes: `open_context()` terminates the context (`ctx.term()`) on exit, after
 with its linger, so queued messages are flushed instead of silently lost at exit.
 
 Frames are msgspec msgpack; each `Socket` owns one encoder and one typed decoder for its union. A frame
-that fails to decode is counted in `statistics().dropped_frames`, logged, and dropped: the stage goes on.
+that fails to decode is dropped and counted by reason (`empty`, `undecodable`, `wrong_shape`); a stage that
+finds a decoded message invalid (unknown group, index out of range...) drops it with `Socket.drop(reason)`.
+`Context.dropped_frames()` gives every receiving socket's counts (the run's summary.json). Warnings are
+rate-limited: the first `WARN_FIRST` drops of a socket are logged one by one, then one line with the
+counts every `WARN_EVERY` drops, so a flood of garbage cannot flood the log.
+
+Frames from other hosts: a tcp socket binds where its address says; `pipeline.config` refuses a tcp bind
+address that is not loopback unless `transport.allow_remote` is set. Authenticating peers across hosts is
+ZeroMQ CURVE's job (see docs/architecture.md, "Transport security").
 """
 
 from __future__ import annotations
@@ -41,6 +49,9 @@ _KINDS = {
 }
 DEFAULT_LINGER_MS = 5_000
 """How long close() keeps unsent messages before ctx.term() may drop them."""
+WARN_FIRST = 10
+"""Dropped frames of one socket logged one by one; after that, one summary line every WARN_EVERY drops."""
+WARN_EVERY = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +59,8 @@ class SocketStatistics:
     sent: int
     received: int
     dropped_frames: int
-    """Frames that failed to decode (counted, logged, dropped)."""
+    """Frames dropped: failed to decode, or refused by the owning stage (counted, logged, dropped)."""
+    dropped_by_reason: dict[str, int]
 
 
 class Context:
@@ -57,6 +69,16 @@ class Context:
     def __init__(self, ctx: zmq.Context[Any]) -> None:
         self._ctx = ctx
         self._sockets: list[Socket[Any]] = []
+
+    def dropped_frames(self) -> dict[str, dict[str, int]]:
+        """Dropped frames by reason of every receiving socket opened so far, by socket name."""
+        out: dict[str, dict[str, int]] = {}
+        for sock in self._sockets:
+            if sock.receives is not None:
+                counts = out.setdefault(sock.name, {})
+                for reason, n in sock.statistics().dropped_by_reason.items():
+                    counts[reason] = counts.get(reason, 0) + n
+        return out
 
     def close_all(self) -> None:
         """Close every socket still open (each with its linger); term() needs them all closed."""
@@ -73,6 +95,7 @@ class Context:
         hwm: int = 10_000,
         subscribe: bytes = b"",
         linger_ms: int = DEFAULT_LINGER_MS,
+        name: str | None = None,
     ) -> Socket[Any]:
         """Create and bind/connect a socket.
 
@@ -84,6 +107,7 @@ class Context:
             receives: the type (usually a union of message Structs) frames decode to; None for send-only.
             hwm: send and receive high-water marks (bounded queues).
             subscribe: SUB prefix filter (b"" = everything).
+            name: what the socket is called in logs and `dropped_frames()` (default: its address).
         """
         if kind not in _KINDS:
             raise ValueError(f"unknown socket kind {kind!r} (known: {', '.join(_KINDS)})")
@@ -105,7 +129,7 @@ class Context:
         except zmq.ZMQError as exc:
             raw.close(linger=0)
             raise OSError(f"cannot {'bind' if bind else 'connect'} {kind} socket to {address}: {exc}") from exc
-        sock: Socket[Any] = Socket(raw, address, receives)
+        sock: Socket[Any] = Socket(raw, address, receives, name=name)
         self._sockets.append(sock)
         return sock
 
@@ -130,9 +154,11 @@ async def open_context() -> AsyncIterator[Context]:
 class Socket(Generic[T]):
     """One zmq socket driven from Trio. One owner task for sending, one for receiving (may be the same)."""
 
-    def __init__(self, raw: zmq.Socket[Any], address: str, receives: Any) -> None:
+    def __init__(self, raw: zmq.Socket[Any], address: str, receives: Any, *, name: str | None = None) -> None:
         self._raw = raw
         self.address = address
+        self.name = name or address
+        self.receives = receives
         self._fd = raw.getsockopt(zmq.FD)
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(receives) if receives is not None else None
@@ -141,7 +167,8 @@ class Socket(Generic[T]):
         self._closed = False
         self._sent = 0
         self._received = 0
-        self._dropped = 0
+        self._dropped: dict[str, int] = {}
+        self._dropped_total = 0
 
     # -- readiness ----------------------------------------------------------------------------------
 
@@ -189,14 +216,26 @@ class Socket(Generic[T]):
 
     # -- receiving ----------------------------------------------------------------------------------
 
+    def drop(self, reason: str, detail: str = "") -> None:
+        """Count one dropped frame under `reason`; log it (rate-limited, see WARN_FIRST / WARN_EVERY)."""
+        self._dropped[reason] = self._dropped.get(reason, 0) + 1
+        self._dropped_total += 1
+        n = self._dropped_total
+        if n <= WARN_FIRST:
+            log.warning("transport.bad_frame", socket=self.name, reason=reason, detail=detail[:200],
+                        note="further drops are summarised" if n == WARN_FIRST else None)
+        elif n % WARN_EVERY == 0:
+            log.warning("transport.bad_frames", socket=self.name, dropped=n, by_reason=dict(self._dropped))
+
     def _decode(self, frame: bytes) -> Any:
         assert self._decoder is not None, "this socket was opened without a message type"
         try:
             return self._decoder.decode(frame)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            self._dropped += 1
-            log.warning("transport.bad_frame", address=self.address, size=len(frame), error=str(exc))
-            return _DROPPED
+        except msgspec.ValidationError as exc:
+            self.drop("wrong_shape", f"{len(frame)} bytes: {exc}")
+        except msgspec.DecodeError as exc:
+            self.drop("empty" if not frame else "undecodable", f"{len(frame)} bytes: {exc}")
+        return _DROPPED
 
     def _recv_nowait(self) -> bytes | None:
         try:
@@ -253,7 +292,9 @@ class Socket(Generic[T]):
     # -- lifetime -----------------------------------------------------------------------------------
 
     def statistics(self) -> SocketStatistics:
-        return SocketStatistics(sent=self._sent, received=self._received, dropped_frames=self._dropped)
+        return SocketStatistics(
+            sent=self._sent, received=self._received, dropped_frames=self._dropped_total, dropped_by_reason=dict(self._dropped)
+        )
 
     def close(self) -> None:
         """Close with the socket's linger; the context's term() then flushes what is still queued."""

@@ -24,6 +24,8 @@ from pipeline.messages import CancelGroup, GroupClosed, GroupOpened, RolloutFail
 from pipeline.outcomes import FIRST_STAGE_KINDS, MergedOutcomes
 from pipeline.stage import StageContext
 
+from .step_validation import StepValidator
+
 
 class GateStage:
     name = "gate"
@@ -53,6 +55,7 @@ class GateStage:
         self.groups_seen = 0
         self._gated_closed = 0
         self._kinds: dict[int, str] = {}
+        self.validator = StepValidator()
 
     def statistics(self) -> dict[str, float | None]:
         per_decision = self.decision_seconds / self.decisions * 1e6 if self.decisions else None
@@ -81,14 +84,27 @@ class GateStage:
             self.ledger.record(bool(would_cut), rewards)
 
     async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        steps = ctx.zmq.socket("pull", ctx.addresses.steps, bind=True, receives=StepStream, hwm=ctx.addresses.hwm)
+        steps = ctx.zmq.socket("pull", ctx.addresses.steps, bind=True, receives=StepStream, hwm=ctx.addresses.hwm, name="steps")
         control = ctx.zmq.socket("push", ctx.addresses.control, bind=False, hwm=ctx.addresses.hwm)
         async with steps, control:
             task_status.started()
             async for message in steps:
+                if not self._valid(message, steps):
+                    continue
                 decision = self._handle(message, ctx)
                 if decision is not None:
                     await control.send(decision)
+
+    def _valid(self, message: StepStream, steps: Any) -> bool:
+        """Drop (and count on the socket) what contradicts the groups seen so far (see step_validation)."""
+        reason = self.validator.check(message)
+        if reason is None:
+            return True
+        steps.drop(reason, f"{type(message).__name__} group {getattr(message, 'group_id', '?')}")
+        if reason == "duplicate_group":
+            self.gate.close(message.group_id)  # two senders disagree: never decide on this group
+            self._would_cut.discard(message.group_id)
+        return False
 
     def _handle(self, message: StepStream, ctx: StageContext) -> CancelGroup | None:
         match message:

@@ -36,7 +36,7 @@ from pipeline.messages import (
 )
 from pipeline.profiling import Profiler
 from pipeline.stage import StageFailed
-from stages.envs.base import Environment, EnvSuite, Task
+from stages.envs.base import Environment, EnvSuite, StepResult, Task
 from stages.policy.base import AgentContext, Policy
 
 log = structlog.get_logger(__name__)
@@ -87,6 +87,7 @@ class RolloutStage:
         max_error_rate: float = 1.0,
         min_trajectories: int = 50,
         on_trajectory_end: Callable[[], None] | None = None,
+        step_timeout_s: float = 0.0,
     ) -> None:
         self.suite = suite
         self.policy = policy
@@ -94,6 +95,8 @@ class RolloutStage:
         self.steps_out = steps_out
         self.profiler = profiler
         self.clock = clock
+        self.step_timeout_s = step_timeout_s
+        self._env_threads = trio.CapacityLimiter(1024)
         self._scopes: dict[int, trio.CancelScope] = {}
         self._cuts: dict[int, _Cut] = {}
         self.on_trajectory_end = on_trajectory_end
@@ -203,6 +206,15 @@ class RolloutStage:
                 f"first failure: {self.first_error}",
             )
 
+    async def _env_step(self, env: Environment, action: str) -> StepResult:
+        """`env.step`, or with `step_timeout_s` > 0 the same in a worker thread under a deadline: a step that
+        hangs fails its trajectory (trio.TooSlowError) and its thread is abandoned; the trajectory's
+        `env.close()` follows at once, and an environment whose step can hang should let close() end it."""
+        if not self.step_timeout_s:
+            return env.step(action)
+        with trio.fail_after(self.step_timeout_s):
+            return await trio.to_thread.run_sync(env.step, action, abandon_on_cancel=True, limiter=self._env_threads)
+
     async def _agent_loop(self, group_id: int, task: Task, record: _Record, env: Environment) -> None:
         with self.profiler.span("rollout", "env_reset"):
             observation = env.reset(task)
@@ -226,7 +238,7 @@ class RolloutStage:
                 )
             )
             with self.profiler.span("rollout", "env_step"):
-                result = env.step(act.action)
+                result = await self._env_step(env, act.action)
             self.env_steps += 1
             self.profiler.items("rollout", 1)
             record.reward += result.reward

@@ -32,12 +32,19 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import structlog
+
 from ._game_episode import GameEpisode
 from .base import SPLITS, Task
 
 GAME_SUFFIXES = (".z8", ".ulx", ".z5")
+log = structlog.get_logger(__name__)
 INSTALL_HINT = "the TextWorld adapter needs the textworld package: pip install 'rollcut[textworld]'"
 _BANNER_LINE = re.compile(r"^[\s_|\\$/<>]*$")
+_STATUS_LINE = re.compile(r"^\s*(?:\S.*?\s{2,})?(?:score:?\s*-?\d+(?:/\d+)?\s*)?moves:?\s*\d+\s*$", re.IGNORECASE)
+"""An interpreter status line: `Kitchen        Score: 0  Moves: 3` (room, score, moves)."""
+_ROOM_SCORE = re.compile(r"^(-= .+ =-)\s*-?\d+/\d+\s*$")
+"""A room header with the score glued on (`-= Kitchen =-0/3`): keep the header."""
 
 
 def _import_textworld():
@@ -53,11 +60,13 @@ def _stable_fraction(text: str) -> float:
 
 
 def clean_feedback(feedback: str) -> str:
-    """TextWorld's feedback without the ASCII-art banner lines and runs of blank lines."""
-    lines = [line.rstrip() for line in feedback.splitlines()]
+    """TextWorld's feedback without the ASCII-art banner lines, the interpreter's status line (room, score,
+    moves; tw-make games under textworld 1.7 were not seen to print one, other builds do) and runs of
+    blank lines."""
+    lines = [_ROOM_SCORE.sub(r"\1", line.rstrip()) for line in feedback.splitlines()]
     kept: list[str] = []
     for line in lines:
-        if line.strip() and _BANNER_LINE.match(line):
+        if line.strip() and (_BANNER_LINE.match(line) or _STATUS_LINE.match(line)):
             continue
         if not line.strip() and (not kept or not kept[-1]):
             continue
@@ -155,6 +164,13 @@ class TextWorldSuite:
         self._games = find_games(self.games_dir, heldout_seen_share)
         if not any(self._games.values()):
             raise FileNotFoundError(f"no {'/'.join(GAME_SUFFIXES)} games in {self.games_dir}")
+        empty = [split for split in SPLITS if not self._games[split]]
+        if empty:
+            log.warning(
+                "textworld.empty_split", games_dir=str(self.games_dir), empty=empty,
+                hint=f"give each split its own folder: {self.games_dir}/train, {self.games_dir}/heldout_seen, "
+                f"{self.games_dir}/heldout_unseen (python -m stages.envs.textworld FOLDER COUNT --seed S)",
+            )
         self._tasks: dict[str, list[Task]] = {}
         self._by_id: dict[str, tuple[Path, list[str]]] = {}
 

@@ -149,3 +149,13 @@ def test_shadow_ledger_precision_and_recall():
     assert ledger.precision() == pytest.approx(2 / 3)
     assert ledger.recall() == pytest.approx(2 / 3)
     assert ShadowLedger().precision() is None
+
+
+def test_an_index_outside_the_group_is_ignored_not_an_index_error():
+    from pipeline.messages import StepEvent
+
+    gate = PrefixEditDistanceGate(k=1, tau=0.5)
+    gate.open(0, 2)
+    for r in (99, -1):
+        event = StepEvent(group_id=0, rollout_index=r, step_index=0, action="a", done=False, reward=0.0, policy_version=0)
+        assert gate.observe(event) is None

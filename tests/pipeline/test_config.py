@@ -63,3 +63,10 @@ def test_dumped_config_loads_back_identically(tmp_path):
     path = tmp_path / "config.toml"
     path.write_text(dump_toml(cfg))
     assert load_config(path) == cfg
+
+
+def test_tcp_addresses_are_loopback_unless_remote_is_allowed():
+    with pytest.raises(ConfigError, match="transport.steps: tcp://0.0.0.0:5555 accepts frames from other hosts"):
+        load_config(None, ['transport.steps="tcp://0.0.0.0:5555"'])
+    load_config(None, ['transport.steps="tcp://127.0.0.1:5555"'])
+    load_config(None, ['transport.events="tcp://*:5556"', "transport.allow_remote=true"])

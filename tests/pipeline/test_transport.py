@@ -140,3 +140,27 @@ def test_transport_is_the_only_module_importing_zmq():
     ]
     assert offenders == []
     assert subprocess.run([sys.executable, "-c", "import pipeline.transport"], cwd=root).returncode == 0
+
+
+async def test_drops_are_counted_by_reason_and_warnings_are_rate_limited(monkeypatch):
+    import msgspec
+
+    from pipeline import transport
+
+    logged = []
+    monkeypatch.setattr(transport.log, "warning", lambda event, **kw: logged.append(event))
+    n = 3 * transport.WARN_EVERY
+    async with open_context() as ctx:
+        pull = ctx.socket("pull", "inproc://limited", bind=True, receives=StepStream, hwm=n + 10, name="steps")
+        push = ctx.socket("push", "inproc://limited", bind=False, hwm=n + 10)
+        for i in range(n):
+            await push.send_bytes([b"", b"\xc1", msgspec.msgpack.encode({"x": 1})][i % 3])
+        await push.send(_step(1))
+        with trio.fail_after(10):
+            assert (await pull.receive()).step_index == 1
+        pull.drop("unknown_group")
+        stats = pull.statistics()
+        assert stats.dropped_by_reason == {"empty": n // 3, "undecodable": n // 3, "wrong_shape": n // 3, "unknown_group": 1}
+        assert ctx.dropped_frames() == {"steps": stats.dropped_by_reason}
+    assert logged.count("transport.bad_frame") == transport.WARN_FIRST
+    assert logged.count("transport.bad_frames") == 3  # one summary line per WARN_EVERY drops

@@ -75,6 +75,15 @@ def decode_options(options: dict[str, Any], max_new_tokens: int) -> TinyOptions:
     return opts
 
 
+def check_options(cfg: PolicySection) -> list[str]:
+    """Problems with `policy.options` (for config validation, before any warm start)."""
+    try:
+        decode_options(cfg.options, cfg.max_new_tokens)
+    except ValueError as exc:
+        return [str(exc)]
+    return []
+
+
 def build_policy(
     cfg: PolicySection, pretrain: PretrainSection, suite: EnvSuite, *, seed: int
 ) -> TorchTinyPolicy:
@@ -240,3 +249,6 @@ def cache_key(
     for demo in demos:
         h.update(json.dumps([demo.prompt, demo.completion]).encode())
     return h.hexdigest()
+
+
+build_policy.check_options = check_options  # type: ignore[attr-defined]  # found by pipeline.job.build_checks

@@ -83,3 +83,19 @@ def test_flat_folders_split_by_a_stable_hash(tmp_path):
 def test_banner_is_removed():
     banner = "\n\n   ________  ___\n  |        \\|  \\\n   \\$$$$$$$$| $$\n\n\nWelcome!\n\n\n-= Kitchen =-\nA room."
     assert clean_feedback(banner) == "Welcome!\n\n-= Kitchen =-\nA room."
+
+
+def test_status_lines_are_stripped():
+    feedback = "Kitchen                          Score: 0   Moves: 3\n-= Kitchen =-0/3\nA room.\nMoves: 12"
+    assert clean_feedback(feedback) == "-= Kitchen =-\nA room."
+    assert clean_feedback("You moved 3 boxes.") == "You moved 3 boxes."
+
+
+def test_an_empty_split_is_warned_about_with_how_to_make_split_folders(tmp_path):
+    from structlog.testing import capture_logs
+
+    (tmp_path / "only.z8").write_bytes(b"")
+    with capture_logs() as logs:
+        TextWorldSuite(games_dir=str(tmp_path), heldout_seen_share=0.0)
+    (warning,) = [e for e in logs if e["event"] == "textworld.empty_split"]
+    assert warning["empty"] == ["heldout_seen", "heldout_unseen"] and "heldout_unseen" in warning["hint"]

@@ -1,0 +1,241 @@
+"""Checkpoints a run can be resumed from, written atomically; what a resume may and may not change.
+
+`checkpoints/state.pt` holds everything a stopped run needs to go on as if it had not stopped, taken at
+a learner-update boundary (the learner thread is idle then, so weights, optimizer and counters agree):
+
+    version           learner version (updates done)
+    trainer           model weights, optimizer state, the trainer's item-sampling rng
+    policy            the backend's own sampling state, if it has one (`sampling_state()`)
+    allocator         `allocator.state_dict()` (groups in flight count as lost, see docs/allocators.md)
+    grpo              counters of the phase: tally, admission ids, env steps, learner and gate counters,
+                      loop-lag histogram, GRPO wall time so far
+    rng               Python's and torch's global generators
+    job               what the job measured before GRPO (warm start time, held-out success before)
+
+Every file is written to a temporary name and renamed (`atomic_write`): a crash or a full disk mid-write
+leaves the previous checkpoint intact. Groups in flight at the checkpoint are not saved: a resumed run
+starts new groups (with new ids) in their place.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import random
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import msgspec
+import torch
+import trio
+
+from .config import RunConfig
+
+FORMAT = 1
+STATE_FILE = "state.pt"
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+    """Write `path` through a temporary sibling and rename it into place (never half a file)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda f: f.write(text.encode()))
+
+
+class Checkpointer:
+    """Holds the latest update-boundary state in memory and writes it every `every` updates (and on demand:
+    Ctrl-C, the end of GRPO, a failure)."""
+
+    def __init__(self, run_dir: Path, every: int, job: Mapping[str, Any] | None = None) -> None:
+        self.path = run_dir / "checkpoints" / STATE_FILE
+        self.every = every
+        self.job: dict[str, Any] = dict(job or {})
+        """Job-level figures measured before GRPO, stored with every checkpoint."""
+        self.latest: dict[str, Any] | None = None
+        self.written_version: int | None = None
+
+    def capture(self, state: dict[str, Any]) -> None:
+        self.latest = state | {"format": FORMAT, "job": self.job}
+
+    async def after_update(self, version: int) -> None:
+        if self.every and version % self.every == 0:
+            await trio.to_thread.run_sync(self.write)
+
+    def write(self) -> int | None:
+        """Write the latest captured state if not written yet; returns its version (None: nothing)."""
+        state = self.latest
+        if state is None:
+            return None
+        if state["version"] != self.written_version:
+            atomic_write(self.path, lambda f: torch.save(state, f))
+            self.written_version = state["version"]
+        return state["version"]
+
+
+def load_state(run_dir: Path) -> dict[str, Any] | None:
+    """The run folder's checkpoint, or None when the run stopped before its first update."""
+    path = run_dir / "checkpoints" / STATE_FILE
+    if not path.exists():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if state.get("format") != FORMAT:
+        raise ValueError(f"{path}: checkpoint format {state.get('format')!r}, this rollcut reads {FORMAT}")
+    return state
+
+
+def trim_metrics(run_dir: Path, version: int) -> int:
+    """Drop metrics.jsonl rows of updates after the checkpoint (they will be trained again); returns how
+    many were dropped. The file is only rewritten when there is something to drop."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    lines = path.read_text().splitlines()
+    kept = []
+    for line in lines:
+        try:
+            iteration = json.loads(line).get("iteration", 0)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a crash
+        if iteration <= version:
+            kept.append(line)
+    if len(kept) != len(lines):
+        atomic_write_text(path, "".join(line + "\n" for line in kept))
+    return len(lines) - len(kept)
+
+
+# --------------------------------------------------------------------------------------------------
+# Global RNGs
+
+
+def rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+
+
+# --------------------------------------------------------------------------------------------------
+# Counters of the GRPO phase (duck-typed: this module does not import the stages)
+
+
+def _fields(obj: Any, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    return {
+        f.name: getattr(obj, f.name)
+        for f in dataclasses.fields(obj)
+        if f.name not in skip and isinstance(getattr(obj, f.name), int | float)
+    }
+
+
+_WINDOW = frozenset({"window_rollouts", "window_successes", "window_steps_at", "window_started", "resumed_wall_s", "resumed_dropped_frames"})
+_GATE = ("decisions", "cuts", "decision_seconds", "decision_cpu_seconds", "groups_seen", "groups_by_kind",
+         "decisions_by_kind", "_gated_closed")
+
+
+_ROLLOUT = ("env_steps", "trajectories_failed", "trajectories_ended", "trajectory_seconds", "cuts_late", "first_error")
+
+
+def capture_counters(*, tally: Any, admission: Any, rollout: Any, learner: Any, gate: Any, wall_s: float) -> dict[str, Any]:
+    """Every counter the summary adds up, as plain data (copied: later updates do not change it)."""
+    return copy.deepcopy({
+        "tally": _fields(tally, _WINDOW),
+        "loop_lag": tally.loop_lag.state_dict(),
+        "admission": admission.state_dict(),
+        "rollout": {k: getattr(rollout, k) for k in _ROLLOUT},
+        "learner": {"version": learner.version, "counters": _fields(learner.counters)},
+        "gate": None if gate is None else {k: getattr(gate, k) for k in _GATE} | {"ledger": _fields(gate.ledger)},
+        "wall_s": wall_s,
+    })
+
+
+def add_counts(a: Mapping[str, Mapping[str, int]], b: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
+    """Two nested {name: {reason: count}} tables added key by key."""
+    out = {name: dict(counts) for name, counts in a.items()}
+    for name, counts in b.items():
+        mine = out.setdefault(name, {})
+        for reason, n in counts.items():
+            mine[reason] = mine.get(reason, 0) + n
+    return out
+
+
+def restore_counters(state: Mapping[str, Any], *, tally: Any, admission: Any, rollout: Any, learner: Any, gate: Any) -> None:
+    for key, value in state["tally"].items():
+        setattr(tally, key, value)
+    tally.loop_lag.load_state_dict(state["loop_lag"])
+    tally.resumed_wall_s = state["wall_s"]
+    tally.resumed_dropped_frames = state.get("dropped_frames", {})
+    admission.load_state_dict(state["admission"])
+    for key in _ROLLOUT:
+        setattr(rollout, key, state["rollout"].get(key, getattr(rollout, key)))
+    tally.window_steps_at = rollout.env_steps
+    learner.version = state["learner"]["version"]
+    for key, value in state["learner"]["counters"].items():
+        setattr(learner.counters, key, value)
+    if gate is not None and state["gate"] is not None:
+        for key in _GATE:
+            setattr(gate, key, state["gate"][key])
+        for key, value in state["gate"]["ledger"].items():
+            setattr(gate.ledger, key, value)
+
+
+# --------------------------------------------------------------------------------------------------
+# What a resume may change
+
+IGNORED = ("run.name", "run.out")
+"""The folder being resumed decides these."""
+HARMLESS = (
+    "run.updates", "run.max_wall_s", "run.progress", "run.torch_threads", "run.checkpoint_every",
+    "learner.torch_threads", "policy.max_batch", "policy.max_wait_ms", "policy.cache_dir", "profile.", "transport.",
+    "eval.",
+)
+"""Change how long or how observably the run goes on, not what it learns."""
+BLOCKING = (
+    "env.name", "env.options", "env.train_tasks", "policy.backend", "policy.options", "allocator.",
+    "rollout.group_size", "learner.batch_groups", "pretrain.",
+)
+"""The checkpoint cannot be used with another value (model shape, task set, allocator state)."""
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict) and data and prefix.count(".") < 2:
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out |= _flat(value, f"{prefix}{key}.")
+        return out
+    return {prefix[:-1]: data}
+
+
+def config_changes(saved: RunConfig, new: RunConfig) -> tuple[list[str], list[str], list[str]]:
+    """(blocking, training, harmless) differences between the folder's config and the resumed one, each
+    as `key: old -> new`."""
+    old_flat, new_flat = _flat(msgspec.to_builtins(saved)), _flat(msgspec.to_builtins(new))
+    blocking: list[str] = []
+    training: list[str] = []
+    harmless: list[str] = []
+    for key in sorted(old_flat.keys() | new_flat.keys()):
+        before, after = old_flat.get(key), new_flat.get(key)
+        if before == after or key in IGNORED:
+            continue
+        line = f"{key}: {before!r} -> {after!r}"
+        if key.startswith(BLOCKING):
+            blocking.append(line)
+        elif key.startswith(HARMLESS):
+            harmless.append(line)
+        else:
+            training.append(line)
+    return blocking, training, harmless

@@ -1,0 +1,144 @@
+"""Fault-injection plugins for tests, loaded by `module:attr` through the normal registries (no test code
+path in the production stages): an environment that raises or hangs on chosen steps, a policy whose
+server dies, a loss that raises, and an observer stage that stops the run after N updates.
+
+Switches are plugin options (`env.options`, `policy.options`, `[[stages]] options`), so a config turns
+them on like any other plugin setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import threading
+from typing import Any
+
+import trio
+
+from pipeline.messages import WeightsPublished
+from pipeline.stage import StageContext
+from stages.envs.base import Observation, StepResult
+from stages.envs.household import HouseholdSuite
+from stages.policy.torch_tiny import build_policy
+
+STOPS: dict[str, trio.Event] = {}
+"""Events the `StopAfter` stage sets, by key (the test creates and awaits them)."""
+
+
+class StopAfter:
+    """Sets `STOPS[key]` once the learner has published `updates` weight versions."""
+
+    name = "stop_after"
+
+    def __init__(self, *, key: str, updates: int = 1) -> None:
+        self.key, self.updates = key, updates
+
+    async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        events = ctx.subscribe()
+        async with events:
+            task_status.started()
+            async for message in events:
+                if isinstance(message, WeightsPublished) and message.version >= self.updates:
+                    STOPS[self.key].set()
+
+
+class FillDisk:
+    """Makes the run folder's next checkpoint write hit a full disk (its temporary file -> /dev/full)."""
+
+    name = "fill_disk"
+
+    async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        os.symlink("/dev/full", ctx.run_dir / "checkpoints" / ".state.pt.tmp")
+        task_status.started()
+
+
+class _FaultyEnv:
+    def __init__(self, inner: Any, suite: FaultySuite) -> None:
+        self._inner, self._suite = inner, suite
+        self._steps = 0
+        self._released = threading.Event()
+
+    def reset(self, task: Any) -> Observation:
+        self._steps = 0
+        return self._inner.reset(task)
+
+    def step(self, action: str) -> StepResult:
+        self._steps += 1
+        suite = self._suite
+        with suite.lock:
+            suite.steps += 1
+            n = suite.steps
+        if suite.raise_every and n % suite.raise_every == 0:
+            with suite.lock:
+                suite.raised += 1
+            raise RuntimeError(f"injected env fault at step {n}")
+        if suite.hang_every and n % suite.hang_every == 0:
+            with suite.lock:
+                suite.hung += 1
+            self._released.wait()  # hangs until close() (the rollout's per-step timeout fires first)
+            raise RuntimeError("released by close()")
+        result = self._inner.step(action)
+        if suite.random_reward and result.done:  # varied group rewards, so the learner has items to train on
+            reward = float(suite.rng.random() < 0.5)
+            result = dataclasses.replace(result, reward=reward, won=bool(reward))
+        return result
+
+    def close(self) -> None:
+        self._released.set()  # a hung step() returns: its abandoned worker thread does not outlive the run
+        self._inner.close()
+
+
+class FaultySuite(HouseholdSuite):
+    """The household suite whose episodes raise on every `raise_every`-th env step of the run and hang on
+    every `hang_every`-th (0 = never); counts what it injected."""
+
+    def __init__(
+        self, *, max_steps: int, raise_every: int = 0, hang_every: int = 0, random_reward: bool = False, **options: Any
+    ) -> None:
+        super().__init__(max_steps=max_steps, **options)
+        self.raise_every, self.hang_every, self.random_reward = raise_every, hang_every, random_reward
+        self.rng = random.Random(0)
+        self.lock = threading.Lock()
+        self.steps = self.raised = self.hung = 0
+        INSTANCES.append(self)
+
+    def make(self) -> _FaultyEnv:
+        return _FaultyEnv(super().make(), self)
+
+
+INSTANCES: list[FaultySuite] = []
+
+
+def dying_policy(cfg: Any, pretrain: Any, suite: Any, *, seed: int) -> Any:
+    """torch_tiny whose decoding worker raises after `policy.options.die_after_batches` batches."""
+    options = dict(cfg.options)
+    die_after = options.pop("die_after_batches", 3)
+    import msgspec
+
+    policy = build_policy(msgspec.structs.replace(cfg, options=options), pretrain, suite, seed=seed)
+    decode = policy._decode_in_worker
+    batches = 0
+
+    def dying(jobs: Any) -> Any:
+        nonlocal batches
+        batches += 1
+        if batches > die_after:
+            raise MemoryError("injected: the policy worker died")
+        return decode(jobs)
+
+    policy._decode_in_worker = dying
+    return policy
+
+
+def exploding_loss(*args: Any, **kwargs: Any) -> Any:
+    """The clipped-ratio loss, except that the learner's 2nd update raises."""
+    from learner.losses import LOSSES
+
+    EXPLODING["calls"] += 1
+    if EXPLODING["calls"] > EXPLODING["after"]:
+        raise FloatingPointError("injected: loss is NaN")
+    return LOSSES.get("clipped_ratio")(*args, **kwargs)
+
+
+EXPLODING = {"calls": 0, "after": 1}

@@ -1,0 +1,43 @@
+"""Fail before the expensive part: bad plugin options and a missing games folder are exit 2 from `check`
+and from `run.py` itself, with a clear message and no run folder; `profile` on a non-run folder too."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_run_integration import ROOT
+
+
+@pytest.mark.parametrize("command", ["check", "train"])
+def test_bad_plugin_options_fail_before_any_work(tmp_path, command):
+    overrides = ["gate.options.zzz=1", "env.options.bogus=1", "policy.options.layerz=3", f'run.out="{tmp_path}/runs"']
+    proc = subprocess.run(
+        [sys.executable, "run.py", command, *[a for o in overrides for a in ("--set", o)]],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    for fragment in ("gate.options: prefix_edit_distance gate: unknown options ['zzz']", "unexpected keyword argument 'bogus'",
+                     "policy.options", "layerz"):
+        assert fragment in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()  # no partial run folder
+
+
+def test_missing_textworld_games_folder_is_a_config_error(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "run.py", "--set", 'env.name="textworld"', "--set", f'env.options={{games_dir = "{tmp_path}/none"}}',
+         "--set", f'run.out="{tmp_path}/runs"'],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_profile_of_a_folder_that_is_not_a_finished_run(tmp_path):
+    (tmp_path / "started").mkdir()
+    (tmp_path / "started" / "config.toml").write_text("")
+    for folder, message in ((tmp_path, "not a run folder"), (tmp_path / "started", "has not finished"),
+                            (tmp_path / "nothing", "is not a folder")):
+        proc = subprocess.run([sys.executable, "run.py", "profile", str(folder)], cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr

@@ -1,0 +1,62 @@
+"""Contained faults, injected through test plugins (tests/plugin_faults.py): an env that raises or hangs
+fails single trajectories and the run goes on; a dying policy worker, a learner exception and a full disk
+stop the run with a message that says which part failed, keeping the last checkpoint."""
+
+import json
+
+import pytest
+
+from pipeline.job import RunFailed, load, run_job
+from pipeline.progress import Progress
+from pipeline.resume import load_state
+from tests import plugin_faults
+from tests.test_run_integration import _tiny
+
+FAULTY_ENV = ["pretrain.enabled=false", 'env.name="tests.plugin_faults:FaultySuite"', "eval.tasks=0", "gate.enabled=false"]
+
+
+async def _run(tmp_path, *extra):
+    cfg = load(None, _tiny(tmp_path, "run.name=f", "gate.k=4", *extra))
+    return await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
+
+
+@pytest.mark.slow
+async def test_env_faults_fail_single_trajectories_and_the_run_goes_on(tmp_path):
+    result = await _run(tmp_path, *FAULTY_ENV, "env.options={raise_every = 37, hang_every = 53}", "rollout.step_timeout_s=0.5")
+    suite = plugin_faults.INSTANCES[-1]
+    assert suite.raised >= 1 and suite.hung >= 1
+    assert result.summary["learner_updates"] == 2
+    events = [json.loads(line) for line in (result.run_dir / "events.jsonl").read_text().splitlines()]
+    errors = [e["error"] for e in events if e["event"] == "rollout.trajectory_failed"]
+    raised, timed_out = sum("injected env fault" in e for e in errors), sum("TooSlowError" in e for e in errors)
+    assert raised >= 1 and timed_out >= 1 and raised + timed_out == len(errors)  # only the injected faults failed
+    assert result.summary["trajectories_failed"] == len(errors)  # every failed trajectory counted
+    # Faults still in flight when the last update ended were cancelled with their group, not failed:
+    assert raised <= suite.raised and timed_out <= suite.hung
+    print(f"env faults: {suite.raised} raised, {suite.hung} hung; trajectories failed {result.summary['trajectories_failed']}")
+
+
+@pytest.mark.slow
+async def test_a_dying_policy_worker_stops_the_run_with_a_clear_message(tmp_path):
+    with pytest.raises(RunFailed, match=r"the policy server failed: MemoryError: injected: the policy worker died") as info:
+        await _run(tmp_path, 'policy.backend="tests.plugin_faults:dying_policy"', "eval.tasks=0",
+                   "policy.options={layers = 1, d_model = 32, heads = 2, max_len = 128, max_prompt_tokens = 100, die_after_batches = 5}", "run.updates=20")
+    assert "run.py resume" in str(info.value)
+
+
+@pytest.mark.slow
+async def test_a_learner_exception_keeps_the_last_checkpoint(tmp_path):
+    plugin_faults.EXPLODING.update(calls=0, after=3)  # update 1 has at most 3 micro-batches: the failure comes later
+    with pytest.raises(RunFailed, match=r"the learner failed: FloatingPointError: injected: loss is NaN") as info:
+        await _run(tmp_path, *FAULTY_ENV, "env.options={random_reward = true}", 'learner.loss="tests.plugin_faults:exploding_loss"',
+                   "run.updates=20")
+    state = load_state(tmp_path / "runs" / "f")
+    assert state is not None and state["version"] >= 1
+    assert f"checkpoint at update {state['version']} kept" in str(info.value)
+
+
+@pytest.mark.slow
+async def test_a_full_disk_on_the_run_folder_is_a_clear_message(tmp_path):
+    with pytest.raises(RunFailed, match=r"the disk of the run folder is full \(No space left on device") as info:
+        await _run(tmp_path, 'stages=[{target = "tests.plugin_faults:FillDisk"}]')
+    print(info.value)
