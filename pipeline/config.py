@@ -74,6 +74,18 @@ class PretrainSection(_Section):
     lr: float = 6e-3
     batch_size: int = 32
     """Demonstration steps per optimizer update."""
+    noise: float = 0.0
+    """Noise-injected demonstrations (DART): the probability that a demonstration step executes a random
+    other admissible command instead of the expert's; every state reached is labelled by the expert's
+    action from it, so the policy also sees how to recover. Needs a suite whose expert acts from any
+    state (`stages.envs.base.RecoveringExpert`)."""
+    dagger_rounds: int = 0
+    """DAgger rounds after behaviour cloning: play the policy (at the rollout temperature) on fresh train
+    tasks, label every state with the expert's action, add them to the demonstrations, train again."""
+    dagger_tasks: int = 200
+    """Train tasks played per DAgger round (taken after the demonstration tasks)."""
+    dagger_epochs: int = 2
+    """Epochs over all demonstrations gathered so far after each DAgger round."""
 
 
 class RolloutSection(_Section):
@@ -250,6 +262,14 @@ def _range_problems(cfg: RunConfig) -> list[str]:
         (cfg.learner.micro_batch >= 1, "learner.micro_batch must be >= 1"),
         (cfg.learner.max_items >= 0, "learner.max_items must be >= 0"),
         (cfg.learner.torch_threads >= 1, "learner.torch_threads must be >= 1"),
+        (cfg.pretrain.demos >= 1, "pretrain.demos must be >= 1"),
+        (cfg.pretrain.epochs >= 1, "pretrain.epochs must be >= 1"),
+        (cfg.pretrain.lr > 0, "pretrain.lr must be > 0"),
+        (cfg.pretrain.batch_size >= 1, "pretrain.batch_size must be >= 1"),
+        (0 <= cfg.pretrain.noise < 1, "pretrain.noise must be in [0, 1)"),
+        (cfg.pretrain.dagger_rounds >= 0, "pretrain.dagger_rounds must be >= 0"),
+        (cfg.pretrain.dagger_tasks >= 1, "pretrain.dagger_tasks must be >= 1"),
+        (cfg.pretrain.dagger_epochs >= 1, "pretrain.dagger_epochs must be >= 1"),
         (cfg.eval.tasks >= 0, "eval.tasks must be >= 0"),
         (cfg.transport.hwm >= 1, "transport.hwm must be >= 1"),
         (cfg.profile.gpu_sample_hz > 0, "profile.gpu_sample_hz must be > 0"),

@@ -24,7 +24,7 @@ from gates.allocators import AllocatorContext, build_allocator, check_allocator
 from learner.losses import LOSSES
 from learner.trainer import Trainer
 from stages.envs import ENVS, EnvSuite, Task
-from stages.evaluate import EvalReport, evaluate
+from stages.evaluate import EvalReport, evaluate_splits
 from stages.policy import POLICIES, Policy
 
 from .config import RunConfig, load_config
@@ -68,11 +68,9 @@ def heldout_tasks(cfg: RunConfig, suite: EnvSuite) -> dict[str, list[Task]]:
 
 
 async def evaluate_heldout(policy: Policy, suite: EnvSuite, splits: dict[str, list[Task]], greedy: bool) -> dict[str, EvalReport]:
-    reports = {}
     async with trio.open_nursery() as nursery:
         await nursery.start(policy.serve)
-        for split, tasks in splits.items():
-            reports[split] = await evaluate(policy, suite, tasks, greedy=greedy)
+        reports = await evaluate_splits(policy, suite, splits, greedy=greedy)  # all splits' episodes at once
         nursery.cancel_scope.cancel("evaluation finished")
     return reports
 
@@ -90,6 +88,7 @@ async def run_job(cfg: RunConfig, *, progress: Progress | None = None) -> JobRes
     run_dir = create_run_dir(cfg)
     events_file = configure_logging(run_dir)
     progress = progress or Progress(cfg.run.updates, enabled=cfg.run.progress)
+    progress.activate()  # the warm start and held-out evaluations report through it
     progress.message(f"rollcut: run folder {run_dir}")
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
