@@ -138,6 +138,11 @@ def warm_start(
 
     Returns the BC report (losses, wall time, held-out success, group composition).
     """
+    expert = suite if isinstance(suite, RecoveringExpert) else None
+    if pretrain.dagger_rounds and expert is None:
+        raise ValueError(
+            f"pretrain.dagger_rounds needs a suite whose expert acts from any state; {suite.name!r} has none"
+        )
     demo_tasks = list(suite.tasks("train"))[: pretrain.demos]
     episodes, failed = collect_demos(suite, demo_tasks, fmt, noise=pretrain.noise, seed=seed)
     if failed and pretrain.noise == 0:
@@ -179,8 +184,8 @@ def warm_start(
             max_updates=opts.bc_max_updates,
         )
         report: dict[str, Any] = {"losses": [round(x, 4) for x in losses]}
-        if pretrain.dagger_rounds:
-            report |= dagger(model, fmt, suite, sampling, pretrain, packs, seed=seed)
+        if pretrain.dagger_rounds and expert is not None:
+            report |= dagger(model, fmt, suite, expert, sampling, pretrain, packs, seed=seed)
         report["train_s"] = round(time.perf_counter() - started, 1)
         report |= bc_report(model, fmt, suite, sampling, opts, seed=seed)
     finally:
@@ -211,6 +216,7 @@ def dagger(
     model: TinyLM,
     fmt: PromptFormat,
     suite: EnvSuite,
+    expert: RecoveringExpert,
     sampling: SamplingConfig,
     pretrain: PretrainSection,
     packs: list[Packed],
@@ -222,8 +228,6 @@ def dagger(
 
     Extends `packs` in place; returns the per-round success of the played episodes and the losses.
     """
-    if not isinstance(suite, RecoveringExpert):
-        raise ValueError(f"pretrain.dagger_rounds needs a suite whose expert acts from any state; {suite.name!r} has none")
     train = list(suite.tasks("train"))
     rounds: dict[str, list[float]] = {"dagger_success": [], "dagger_losses": []}
     for r in range(pretrain.dagger_rounds):
@@ -231,7 +235,7 @@ def dagger(
         tasks = train[start : start + pretrain.dagger_tasks]
         name = f"warm start: DAgger round {r + 1}/{pretrain.dagger_rounds}"
         played = rollout_lockstep(
-            model, fmt, suite, tasks, sampling, greedy=False, seed=seed + 1 + r, expert=suite, label=f"{name}, episodes"
+            model, fmt, suite, tasks, sampling, greedy=False, seed=seed + 1 + r, expert=expert, label=f"{name}, episodes"
         )
         packs += [p for e in played for p in pack_episode(e.labelled)]
         losses = train_bc(
@@ -277,6 +281,11 @@ def bc_report(
     return report
 
 
+_NOT_IN_KEY = ("threads", "bc_threads", "bc_eval_tasks", "bc_group_tasks")
+"""Options that change speed or the report only, never the weights (thread counts change float rounding
+at most), so a checkpoint is reused whatever they are."""
+
+
 def cache_key(
     suite: EnvSuite,
     fmt: PromptFormat,
@@ -294,7 +303,7 @@ def cache_key(
         "max_steps": suite.max_steps,
         "words": list(fmt.tokenizer.words),
         "model": model_cfg.to_dict(),
-        "options": {k: v for k, v in msgspec.to_builtins(opts).items() if k != "threads"},  # decoding only
+        "options": {k: v for k, v in msgspec.to_builtins(opts).items() if k not in _NOT_IN_KEY},
         "pretrain": {k: v for k, v in msgspec.to_builtins(pretrain).items() if k != "enabled"},
         "seed": seed,
         "torch": torch.__version__,

@@ -7,7 +7,7 @@ from structlog.testing import capture_logs
 from pipeline.config import PolicySection, PretrainSection
 from stages.policy import POLICIES, Policy
 from stages.policy.torch_tiny import TorchTinyPolicy, build_policy
-from tests.stages.policy.fake_suite import FindSuite
+from tests.stages.policy.fake_suite import FindSuite, RecoveringFindSuite
 
 TINY = {"layers": 1, "d_model": 16, "heads": 2, "max_len": 64, "max_prompt_tokens": 48, "bc_eval_tasks": 4}
 
@@ -64,3 +64,19 @@ def test_bad_options_are_refused_with_a_readable_message(tmp_path) -> None:
         build_policy(_cfg(tmp_path, layerz=2), PRETRAIN, FindSuite(), seed=0)
     with pytest.raises(ValueError, match="max_len"):
         build_policy(_cfg(tmp_path, max_prompt_tokens=60), PRETRAIN, FindSuite(), seed=0)
+
+
+def test_dagger_rounds_add_the_states_the_policy_visits(tmp_path) -> None:
+    suite = RecoveringFindSuite(per_split=24)
+    pretrain = PretrainSection(demos=8, epochs=1, lr=1e-3, batch_size=8, dagger_rounds=2, dagger_tasks=6)
+    with capture_logs() as logs:
+        build_policy(_cfg(tmp_path), pretrain, suite, seed=0)
+    done = next(e for e in logs if e["event"] == "policy.bc.done")
+    assert len(done["dagger_success"]) == len(done["dagger_losses"]) == 2
+
+
+def test_dagger_and_noise_need_a_recovering_expert(tmp_path) -> None:
+    with pytest.raises(ValueError, match="pretrain.dagger_rounds needs a suite whose expert acts from any state"):
+        build_policy(_cfg(tmp_path), PretrainSection(demos=8, epochs=1, dagger_rounds=1), FindSuite(), seed=0)
+    with pytest.raises(ValueError, match="pretrain.noise needs"):
+        build_policy(_cfg(tmp_path), PretrainSection(demos=8, epochs=1, noise=0.2), FindSuite(), seed=0)
