@@ -101,7 +101,8 @@ async def evaluate_splits(
         for split in splits
     }
     figures = ", ".join(f"{split} {r.success:.1%}" for split, r in reports.items())
-    report(label, finished, len(runs), f"{figures} | {time.perf_counter() - started:.0f} s", final=True)
+    if runs:
+        report(label, finished, len(runs), f"{figures} | {time.perf_counter() - started:.0f} s", final=True)
     return reports
 
 
