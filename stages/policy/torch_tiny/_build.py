@@ -143,9 +143,12 @@ def warm_start(
         raise ValueError(
             f"pretrain.dagger_rounds needs a suite whose expert acts from any state; {suite.name!r} has none"
         )
+    noise = pretrain.noise if expert is not None else 0.0
+    if pretrain.noise > 0 and expert is None:  # the default noise must not break suites without one
+        log.warning("policy.bc.noise_ignored", suite=suite.name, reason="the suite's expert cannot act from any state")
     demo_tasks = list(suite.tasks("train"))[: pretrain.demos]
-    episodes, failed = collect_demos(suite, demo_tasks, fmt, noise=pretrain.noise, seed=seed)
-    if failed and pretrain.noise == 0:
+    episodes, failed = collect_demos(suite, demo_tasks, fmt, noise=noise, seed=seed)
+    if failed and noise == 0:
         log.warning("policy.bc.expert_failed", tasks=failed, of=len(demo_tasks))
     demos = [d for episode in episodes for d in episode]
     key = cache_key(suite, fmt, model.cfg, opts, pretrain, seed, demos)
@@ -163,7 +166,7 @@ def warm_start(
         "policy.bc.start",
         steps=len(demos),
         tasks=len(demo_tasks),
-        noisy_episodes_lost=failed if pretrain.noise > 0 else 0,
+        noisy_episodes_lost=failed if noise > 0 else 0,
         sequences=len(packs),
         tokens=sum(len(p.ids) for p in packs),
         epochs=pretrain.epochs,
