@@ -156,9 +156,11 @@ async def _pretrain(cfg) -> None:  # noqa: ANN001
     import trio
 
     from pipeline.job import build_policy, build_suite, evaluate_heldout, heldout_tasks
+    from pipeline.progress import Progress
     from pipeline.rundir import configure_logging
 
     configure_logging(None)
+    Progress(0, enabled=cfg.run.progress).activate()
     suite = build_suite(cfg)
     policy = await trio.to_thread.run_sync(build_policy, cfg, suite)
     for split, report in (await evaluate_heldout(policy, suite, heldout_tasks(cfg, suite), cfg.eval.greedy)).items():

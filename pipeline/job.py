@@ -28,7 +28,7 @@ from learner.aggregation import AGGREGATIONS
 from learner.losses import LOSSES
 from learner.trainer import Trainer
 from stages.envs import ENVS, EnvSuite, Task
-from stages.evaluate import EpisodeOutcome, EvalReport, evaluate, summarize
+from stages.evaluate import EpisodeOutcome, EvalReport, evaluate_splits, summarize
 from stages.policy import POLICIES, Policy
 from stages.policy.workers import WorkerPoolPolicy
 
@@ -116,11 +116,9 @@ def heldout_tasks(cfg: RunConfig, suite: EnvSuite) -> dict[str, list[Task]]:
 
 
 async def evaluate_heldout(policy: Policy, suite: EnvSuite, splits: dict[str, list[Task]], greedy: bool) -> dict[str, EvalReport]:
-    reports = {}
     async with trio.open_nursery() as nursery:
         await nursery.start(policy.serve)
-        for split, tasks in splits.items():
-            reports[split] = await evaluate(policy, suite, tasks, greedy=greedy)
+        reports = await evaluate_splits(policy, suite, splits, greedy=greedy)  # all splits' episodes at once
         nursery.cancel_scope.cancel("evaluation finished")
     return reports
 
@@ -180,6 +178,7 @@ async def run_job(
         resume.atomic_write_text(run_dir / "config.toml", dump_toml(cfg))
     events_file = configure_logging(run_dir)
     progress = progress or Progress(cfg.run.updates, enabled=cfg.run.progress)
+    progress.activate()  # the warm start and held-out evaluations report through it
     progress.message(f"rollcut: run folder {run_dir}" + (f" (resumed at update {checkpoint['version']})" if checkpoint else ""))
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)

@@ -72,3 +72,13 @@ class EnvSuite(Protocol):
     def vocabulary(self) -> Iterable[str]:
         """Every word that can appear in task texts, observations and commands (for tokenizers)."""
         ...
+
+
+@runtime_checkable
+class RecoveringExpert(Protocol):
+    """An `EnvSuite` whose expert can act from *any* state of an episode, not only along its own plan:
+    what DAgger and noise-injected demonstrations need to label the states a learner reaches."""
+
+    def expert_action(self, env: Environment) -> str:
+        """The expert's next command in `env`'s current episode (an env made by this suite)."""
+        ...

@@ -39,6 +39,16 @@ def test_range_problems_are_all_listed():
         assert fragment in text
 
 
+def test_pretrain_ranges_are_checked():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["pretrain.noise=1.0", "pretrain.dagger_rounds=-1", "pretrain.epochs=0"])
+    assert info.value.problems == [
+        "pretrain.epochs must be >= 1",
+        "pretrain.noise must be in [0, 1)",
+        "pretrain.dagger_rounds must be >= 0",
+    ]
+
+
 def test_extra_checks_are_collected_with_the_rest():
     with pytest.raises(ConfigError) as info:
         load_config(None, ["learner.lr=-1"], extra_checks=[lambda cfg: ["env.name: unknown env 'x'"]])

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping
 from typing import Any
 
 import trio
 
-from stages.evaluate import evaluate
+from pipeline.progress import Progress
+from stages.evaluate import evaluate, evaluate_splits
 from stages.policy.base import ActResult, AgentContext
 from tests.stages.policy.fake_suite import FindSuite
 
@@ -68,3 +70,18 @@ async def test_episodes_run_concurrently_up_to_the_limit() -> None:
     policy = ScriptedPolicy()
     await evaluate(policy, suite, suite.tasks("train"), concurrency=7)
     assert policy.most_live == 7
+
+
+async def test_all_splits_play_at_once_and_report_per_split() -> None:
+    suite = FindSuite(max_steps=4, per_split=12)  # seen cycles apple, book, key, cup; unseen is all pens
+    policy = ScriptedPolicy(blind="pen")
+    splits = {s: suite.tasks(s) for s in ("heldout_seen", "heldout_unseen")}
+    stream = io.StringIO()
+    Progress(0, stream=stream).activate()
+    reports = await evaluate_splits(policy, suite, splits)
+    assert policy.most_live == 24  # every episode of both splits in flight together
+    assert {s: r.success for s, r in reports.items()} == {"heldout_seen": 1.0, "heldout_unseen": 0.0}
+    assert [len(r.episodes) for r in reports.values()] == [12, 12]
+    assert [e.task_id for e in reports["heldout_seen"].episodes] == [t.task_id for t in splits["heldout_seen"]]
+    line = stream.getvalue()
+    assert line.startswith("held-out 24/24 | heldout_seen 100.0%, heldout_unseen 0.0% | ") and line.count("\n") == 1

@@ -8,6 +8,7 @@ commands). Modules, by concept:
 - `grammar`  the command grammar (`parse_command`)
 - `engine`   the episode rules, observations and admissible commands (`HouseholdEnv`)
 - `expert`   the searching planner (`plan`; `omniscient=True` for the old one)
+- `recovery` the omniscient expert's next command from any episode state (`next_command`)
 - `splits`   train / heldout_seen / heldout_unseen and task features
 - `text`     every message, the tokenization rule and the vocabulary
 - `suite`    `HouseholdSuite`, the registered `household` suite

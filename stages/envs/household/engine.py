@@ -23,10 +23,10 @@ from ..base import Observation, StepResult, Task
 from . import text as T
 from .catalog import LAMP, RECEPTACLE_KINDS, ROOM_KINDS
 from .grammar import Command, parse_command
-from .world import Layout, TaskSpec
+from .world import Layout, TaskSpec, WorldState
 
 CLEAN, HOT, COOL = 1, 2, 4
-_REQUIRED_STATE = {"pick_clean_then_place": CLEAN, "pick_heat_then_place": HOT, "pick_cool_then_place": COOL}
+REQUIRED_STATE = {"pick_clean_then_place": CLEAN, "pick_heat_then_place": HOT, "pick_cool_then_place": COOL}
 _TRANSFORM = {"sinkbasin": ("clean", CLEAN, T.CLEANED), "microwave": ("heat", HOT, T.HEATED),
               "fridge": ("cool", COOL, T.COOLED)}
 _LAMP_NAME = f"{LAMP} 1"
@@ -119,7 +119,7 @@ class HouseholdEnv:
         self._lamp_lit = False
         self._steps = 0
         self._done = False
-        self._goal_state = _REQUIRED_STATE.get(spec.family, 0)
+        self._goal_state = REQUIRED_STATE.get(spec.family, 0)
         self._commands: dict[tuple[str, int, int], str] = {}
         text = f"{s.intro}\n\n{T.TASK.format(description=spec.description)}"
         return Observation(text, self._admissible())
@@ -139,6 +139,23 @@ class HouseholdEnv:
         admissible = () if self._done else self._admissible()
         info = {"valid": valid, "steps": self._steps, "truncated": truncated}
         return StepResult(Observation(feedback, admissible), 1.0 if won else 0.0, self._done, won, info)
+
+    def world(self) -> WorldState:
+        """A snapshot of the episode's state (what `recovery.next_command` plans from)."""
+        return WorldState(
+            loc=self._loc,
+            held=self._held,
+            names=tuple(self._names),
+            contents=tuple(tuple(objs) for objs in self._contents),
+            is_open=tuple(self._is_open),
+            states=tuple(self._state),
+            lamp_lit=self._lamp_lit,
+        )
+
+    @property
+    def spec(self) -> TaskSpec | None:
+        """The task of the current episode (None before the first reset and after close)."""
+        return self._spec
 
     def close(self) -> None:
         self._spec = None

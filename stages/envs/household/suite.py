@@ -9,6 +9,7 @@ from . import text
 from .catalog import FAMILIES
 from .engine import HouseholdEnv
 from .expert import plan
+from .recovery import next_command
 from .splits import SplitConfig, features, generate_split
 from .world import TaskSpec
 
@@ -107,6 +108,13 @@ class HouseholdSuite:
     def expert(self, task: Task) -> list[str]:
         split, index = self._locate(task.task_id)
         return list(self._plans[split][index])
+
+    def expert_action(self, env: HouseholdEnv) -> str:
+        """The omniscient expert's next command from `env`'s current state, whatever led there
+        (`recovery.next_command`): the label DAgger and noise-injected demonstrations need."""
+        if env.spec is None:
+            raise ValueError("expert_action needs an episode in progress (call env.reset first)")
+        return next_command(env.spec, env.world())
 
     def vocabulary(self) -> list[str]:
         """Every token of household texts; see `stages.envs.household.text` for the tokenization rule."""

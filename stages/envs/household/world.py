@@ -76,6 +76,24 @@ class TaskSpec:
         return 2 if self.family == "pick_two_obj_and_place" else 1
 
 
+@dataclass(frozen=True, slots=True)
+class WorldState:
+    """What changes during an episode of a `TaskSpec`: the engine's state as plain tuples (`HouseholdEnv.world()`)."""
+
+    loc: int
+    """Receptacle index the agent stands at; -1 = the middle of the room."""
+    held: int
+    """Object index held; -1 = none."""
+    names: tuple[str, ...]
+    """Object names by object index (the desklamp, if any, included)."""
+    contents: tuple[tuple[int, ...], ...]
+    """Object indices per receptacle."""
+    is_open: tuple[bool, ...]
+    states: tuple[int, ...]
+    """CLEAN | HOT | COOL flags per object."""
+    lamp_lit: bool
+
+
 def generate_layout(room: str, layout_id: str, rng: random.Random) -> Layout:
     """Draw receptacle counts within the room kind's bounds and, if the room has one, a lamp's place."""
     room_kind = ROOM_KINDS[room]

@@ -20,9 +20,19 @@ import structlog
 import torch
 
 from stages.envs.base import EnvSuite
-
 from ._model import ModelConfig, TinyLM
-from ._pretrain import Demo, GroupComposition, collect_demos, pack_episode, rollout_lockstep, train_bc
+from pipeline.progress import report as report_progress
+from stages.envs.base import RecoveringExpert
+
+from ._pretrain import (
+    Demo,
+    GroupComposition,
+    Packed,
+    collect_demos,
+    pack_episode,
+    rollout_lockstep,
+    train_bc,
+)
 from ._prompt import PromptFormat
 from ._server import SamplingConfig, TorchTinyPolicy
 from ._tokenizer import WordTokenizer
@@ -32,7 +42,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 
 
 class TinyOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -138,9 +148,17 @@ def warm_start(
 
     Returns the BC report (losses, wall time, held-out success, group composition).
     """
+    expert = suite if isinstance(suite, RecoveringExpert) else None
+    if pretrain.dagger_rounds and expert is None:
+        raise ValueError(
+            f"pretrain.dagger_rounds needs a suite whose expert acts from any state; {suite.name!r} has none"
+        )
+    noise = pretrain.noise if expert is not None else 0.0
+    if pretrain.noise > 0 and expert is None:  # the default noise must not break suites without one
+        log.warning("policy.bc.noise_ignored", suite=suite.name, reason="the suite's expert cannot act from any state")
     demo_tasks = list(suite.tasks("train"))[: pretrain.demos]
-    episodes, failed = collect_demos(suite, demo_tasks, fmt)
-    if failed:
+    episodes, failed = collect_demos(suite, demo_tasks, fmt, noise=noise, seed=seed)
+    if failed and noise == 0:
         log.warning("policy.bc.expert_failed", tasks=failed, of=len(demo_tasks))
     demos = [d for episode in episodes for d in episode]
     key = cache_key(suite, fmt, model.cfg, opts, pretrain, seed, demos)
@@ -150,6 +168,7 @@ def warm_start(
         model.load_state_dict(saved["state"])
         report = json.loads(saved["report"])
         log.info("policy.bc.cache_hit", path=str(path), **report)
+        report_progress("warm start: cached", 1, 1, _summary(report), final=True)
         return report
 
     packs = [p for episode in episodes for p in pack_episode(episode)]
@@ -157,6 +176,7 @@ def warm_start(
         "policy.bc.start",
         steps=len(demos),
         tasks=len(demo_tasks),
+        noisy_episodes_lost=failed if noise > 0 else 0,
         sequences=len(packs),
         tokens=sum(len(p.ids) for p in packs),
         epochs=pretrain.epochs,
@@ -176,10 +196,10 @@ def warm_start(
             seed=seed,
             max_updates=opts.bc_max_updates,
         )
-        report: dict[str, Any] = {
-            "losses": [round(x, 4) for x in losses],
-            "train_s": round(time.perf_counter() - started, 1),
-        }
+        report: dict[str, Any] = {"losses": [round(x, 4) for x in losses]}
+        if pretrain.dagger_rounds and expert is not None:
+            report |= dagger(model, fmt, suite, expert, sampling, pretrain, packs, seed=seed)
+        report["train_s"] = round(time.perf_counter() - started, 1)
         report |= bc_report(model, fmt, suite, sampling, opts, seed=seed)
     finally:
         torch.set_num_threads(previous_threads)
@@ -190,7 +210,54 @@ def warm_start(
     )
     os.replace(tmp, path)  # atomic: a concurrent run never reads half a file
     log.info("policy.bc.done", path=str(path), **report)
+    report_progress("warm start: done", 1, 1, _summary(report), final=True)
     return report
+
+
+def _summary(report: dict[str, Any]) -> str:
+    figures = [f"trained in {report['train_s']:.0f} s"] if "train_s" in report else []
+    figures += [f"{k.removeprefix('success_')} {v:.1%}" for k, v in report.items() if k.startswith("success_")]
+    if "groups_mixed" in report:
+        figures.append(
+            f"groups fail / mixed / succeed {report['groups_all_fail']} / {report['groups_mixed']} / "
+            f"{report['groups_all_succeed']}"
+        )
+    return ", ".join(figures)
+
+
+def dagger(
+    model: TinyLM,
+    fmt: PromptFormat,
+    suite: EnvSuite,
+    expert: RecoveringExpert,
+    sampling: SamplingConfig,
+    pretrain: PretrainSection,
+    packs: list[Packed],
+    *,
+    seed: int,
+) -> dict[str, Any]:
+    """`pretrain.dagger_rounds` rounds of DAgger after BC: play the policy at the rollout temperature on
+    fresh train tasks, label every state with the recovering expert's action, train on everything.
+
+    Extends `packs` in place; returns the per-round success of the played episodes and the losses.
+    """
+    train = list(suite.tasks("train"))
+    rounds: dict[str, list[float]] = {"dagger_success": [], "dagger_losses": []}
+    for r in range(pretrain.dagger_rounds):
+        start = pretrain.demos + r * pretrain.dagger_tasks
+        tasks = train[start : start + pretrain.dagger_tasks]
+        name = f"warm start: DAgger round {r + 1}/{pretrain.dagger_rounds}"
+        played = rollout_lockstep(
+            model, fmt, suite, tasks, sampling, greedy=False, seed=seed + 1 + r, expert=expert, label=f"{name}, episodes"
+        )
+        packs += [p for e in played for p in pack_episode(e.labelled)]
+        losses = train_bc(
+            model, packs, epochs=pretrain.dagger_epochs, lr=pretrain.lr, batch_size=pretrain.batch_size,
+            seed=seed + 1 + r, label=name,
+        )
+        rounds["dagger_success"].append(round(sum(e.won for e in played) / max(1, len(played)), 3))
+        rounds["dagger_losses"].append(round(losses[-1], 4))
+    return rounds
 
 
 def bc_report(
@@ -208,11 +275,15 @@ def bc_report(
     if opts.bc_eval_tasks > 0:
         for split in ("heldout_seen", "heldout_unseen"):
             tasks = list(suite.tasks(split))[: opts.bc_eval_tasks]
-            episodes = rollout_lockstep(model, fmt, suite, tasks, sampling, greedy=True, seed=seed)
+            episodes = rollout_lockstep(
+                model, fmt, suite, tasks, sampling, greedy=True, seed=seed, label=f"warm start: {split}, episodes"
+            )
             report[f"success_{split}"] = round(sum(e.won for e in episodes) / max(1, len(episodes)), 3)
     if opts.bc_group_tasks > 0:
         tasks = list(suite.tasks("train"))[-opts.bc_group_tasks :]
-        episodes = rollout_lockstep(model, fmt, suite, tasks, sampling, samples=8, greedy=False, seed=seed)
+        episodes = rollout_lockstep(
+            model, fmt, suite, tasks, sampling, samples=8, greedy=False, seed=seed, label="warm start: groups of 8"
+        )
         comp = GroupComposition.of(episodes, 8)
         report |= {
             "groups_all_fail": comp.all_fail,
@@ -221,6 +292,11 @@ def bc_report(
         }
     report["eval_s"] = round(time.perf_counter() - started, 1)
     return report
+
+
+_NOT_IN_KEY = ("threads", "bc_threads", "bc_eval_tasks", "bc_group_tasks")
+"""Options that change speed or the report only, never the weights (thread counts change float rounding
+at most), so a checkpoint is reused whatever they are."""
 
 
 def cache_key(
@@ -240,8 +316,8 @@ def cache_key(
         "max_steps": suite.max_steps,
         "words": list(fmt.tokenizer.words),
         "model": model_cfg.to_dict(),
-        "options": {k: v for k, v in msgspec.to_builtins(opts).items() if k != "threads"},  # decoding only
-        "pretrain": [pretrain.demos, pretrain.epochs, pretrain.lr, pretrain.batch_size],
+        "options": {k: v for k, v in msgspec.to_builtins(opts).items() if k not in _NOT_IN_KEY},
+        "pretrain": {k: v for k, v in msgspec.to_builtins(pretrain).items() if k != "enabled"},
         "seed": seed,
         "torch": torch.__version__,
     }

@@ -16,6 +16,7 @@ BC uses it to report held-out success (greedy) and the group composition at G sa
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +25,8 @@ import structlog
 import torch
 import torch.nn.functional as F
 
-from stages.envs.base import EnvSuite, Task
+from pipeline.progress import report
+from stages.envs.base import EnvSuite, RecoveringExpert, Task
 from stages.policy.base import AgentContext
 
 from ._generate import generate
@@ -40,22 +42,43 @@ class Demo:
     prompt: list[int]
     completion: list[int]
     """The expert action's ids followed by `<eos>`."""
+    target: bool = True
+    """False for a noise-injected step: its action is context for later steps, never a target."""
 
 
-def collect_demos(suite: EnvSuite, tasks: Sequence[Task], fmt: PromptFormat) -> tuple[list[list[Demo]], int]:
-    """The expert's steps on each task (one list per episode) and how many expert plans did not win."""
+def collect_demos(
+    suite: EnvSuite, tasks: Sequence[Task], fmt: PromptFormat, *, noise: float = 0.0, seed: int = 0
+) -> tuple[list[list[Demo]], int]:
+    """The expert's steps on each task (one list per episode) and how many episodes were not won.
+
+    With `noise` > 0 (DART-style), a step executes a random other admissible command with probability
+    `noise`, and every step is labelled with the suite's recovering expert's action from the state
+    reached (`RecoveringExpert.expert_action`), so the demonstrations also show how to recover from a
+    detour. The noisy step itself is kept as context only (`Demo.target = False`): its successors
+    still extend its prompt, so prefix packing stays intact.
+    """
+    recovering = _recovering(suite, "pretrain.noise") if noise > 0 else None
+    rng = random.Random(f"rollcut:demo-noise:{seed}")
     episodes: list[list[Demo]] = []
     failed = 0
     env = suite.make()
     try:
         for task in tasks:
             obs = env.reset(task)
+            plan = iter(suite.expert(task))
             history: list[tuple[str, str]] = []
             steps: list[Demo] = []
             won = False
-            for action in suite.expert(task):
+            for _ in range(suite.max_steps):
+                action = recovering.expert_action(env) if recovering is not None else next(plan, None)
+                if action is None:
+                    break
                 ctx = AgentContext(task.description, obs.text, obs.admissible, tuple(history))
-                steps.append(Demo(fmt.build(ctx), fmt.completion(action)))
+                if recovering is not None and rng.random() < noise:
+                    action = rng.choice([c for c in obs.admissible if c != action] or [action])
+                    steps.append(Demo(fmt.build(ctx), fmt.completion(action), target=False))
+                else:
+                    steps.append(Demo(fmt.build(ctx), fmt.completion(action)))
                 step = env.step(action)
                 history.append((obs.text, action))
                 obs, won = step.observation, step.won
@@ -66,6 +89,12 @@ def collect_demos(suite: EnvSuite, tasks: Sequence[Task], fmt: PromptFormat) -> 
     finally:
         env.close()
     return episodes, failed
+
+
+def _recovering(suite: EnvSuite, option: str) -> RecoveringExpert:
+    if not isinstance(suite, RecoveringExpert):
+        raise ValueError(f"{option} needs a suite whose expert acts from any state; {suite.name!r} has none")
+    return suite
 
 
 @dataclass(slots=True)
@@ -79,19 +108,21 @@ class Packed:
 
 
 def pack_episode(demos: Sequence[Demo]) -> list[Packed]:
-    """Pack each run of steps whose prompt extends the previous prompt + action into one sequence."""
+    """Pack each run of steps whose prompt extends the previous prompt + action into one sequence
+    (a sequence with no target left, e.g. one noisy step alone, is dropped)."""
     packs: list[Packed] = []
     for demo in demos:
         prev = packs[-1] if packs else None
         if prev is None or demo.prompt[: len(prev.ids)] != prev.ids:
             prev = Packed([], [], [], 0)
             packs.append(prev)
-        first = len(demo.prompt) - 1  # the prompt's last position predicts the first completion token
-        prev.target_pos += range(first, first + len(demo.completion))
-        prev.target_ids += demo.completion
+        if demo.target:
+            first = len(demo.prompt) - 1  # the prompt's last position predicts the first completion token
+            prev.target_pos += range(first, first + len(demo.completion))
+            prev.target_ids += demo.completion
+            prev.steps += 1
         prev.ids = [*demo.prompt, *demo.completion[:-1]]  # inputs stop before the final <eos> target
-        prev.steps += 1
-    return packs
+    return [p for p in packs if p.steps]
 
 
 def packed_nll(model: TinyLM, batch: Sequence[Packed]) -> tuple[torch.Tensor, int]:
@@ -143,11 +174,13 @@ def train_bc(
     batch_size: int,
     seed: int,
     max_updates: int = 0,
+    label: str = "warm start",
 ) -> list[float]:
     """AdamW with a short warm-up and cosine decay; returns the mean per-token loss of each epoch.
 
     `batch_size` counts demo steps (actions) per update. `max_updates` > 0 stops early after that many
-    optimizer steps (a deliberate under-training knob).
+    optimizer steps (a deliberate under-training knob). Progress goes to `pipeline.progress.report`
+    under `label`: batches in place on a terminal, one line per epoch.
     """
     gen = torch.Generator().manual_seed(seed)
     per_epoch = len(_batches(packs, batch_size, torch.Generator().manual_seed(seed)))
@@ -161,7 +194,8 @@ def train_bc(
     started = time.perf_counter()
     for epoch in range(epochs):
         epoch_nll, epoch_tokens = 0.0, 0
-        for batch in _batches(packs, batch_size, gen):
+        batches = _batches(packs, batch_size, gen)
+        for b, batch in enumerate(batches):
             nll, count = packed_nll(model, batch)
             opt.zero_grad(set_to_none=True)
             (nll / count).backward()
@@ -171,9 +205,17 @@ def train_bc(
             epoch_nll += float(nll.detach())
             epoch_tokens += count
             step += 1
+            report(
+                f"{label}: epoch {epoch + 1}/{epochs}, batch", b + 1, len(batches),
+                f"loss {epoch_nll / epoch_tokens:.3f} | {time.perf_counter() - started:.0f} s",
+            )
             if step >= total:
                 break
         losses.append(epoch_nll / max(1, epoch_tokens))
+        report(
+            f"{label}: epoch", epoch + 1, epochs,
+            f"loss {losses[-1]:.4f} | {step} updates | {time.perf_counter() - started:.0f} s", final=True,
+        )
         log.info(
             "policy.bc.epoch",
             epoch=epoch + 1,
@@ -193,6 +235,8 @@ class Episode:
     won: bool
     steps: int
     actions: tuple[str, ...]
+    labelled: tuple[Demo, ...] = ()
+    """With an expert: every state of the episode with the expert's action from it (DAgger's data)."""
 
 
 def rollout_lockstep(
@@ -205,24 +249,31 @@ def rollout_lockstep(
     samples: int = 1,
     greedy: bool = True,
     seed: int = 0,
+    expert: RecoveringExpert | None = None,
+    label: str = "",
 ) -> list[Episode]:
-    """Play `samples` episodes per task, all in lockstep; episodes are ordered task-major."""
+    """Play `samples` episodes per task, all in lockstep; episodes are ordered task-major.
+
+    With `expert`, every state visited is also labelled with the expert's action (`Episode.labelled`).
+    A `label` reports progress (steps in place on a terminal, a line at the end) under that name.
+    """
     runs = [(task, k) for task in tasks for k in range(samples)]
     envs = [suite.make() for _ in runs]
+    started = time.perf_counter()
     try:
         obs = [env.reset(task) for env, (task, _) in zip(envs, runs, strict=True)]
         history: list[list[tuple[str, str]]] = [[] for _ in runs]
+        labelled: list[list[Demo]] = [[] for _ in runs]
         won = [False] * len(runs)
         live = list(range(len(runs)))
         tok = fmt.tokenizer
         for step in range(suite.max_steps):
             if not live:
                 break
-            contexts = [
-                AgentContext(runs[i][0].description, obs[i].text, obs[i].admissible, tuple(history[i]))
+            prompts = [
+                fmt.build(AgentContext(runs[i][0].description, obs[i].text, obs[i].admissible, tuple(history[i])))
                 for i in live
             ]
-            prompts = [fmt.build(ctx) for ctx in contexts]
             uniforms = torch.stack(
                 [request_uniforms(seed, i * suite.max_steps + step, sampling.max_new_tokens) for i in live]
             )  # [B, N]
@@ -239,7 +290,9 @@ def rollout_lockstep(
                     stop_ids=(tok.eos_id, tok.nl_id),
                 )
             still = []
-            for i, sample in zip(live, samples_out, strict=True):
+            for i, prompt, sample in zip(live, prompts, samples_out, strict=True):
+                if expert is not None:
+                    labelled[i].append(Demo(prompt, fmt.completion(expert.expert_action(envs[i]))))
                 text = tok.decode(sample.token_ids)
                 action = parse_action(text, obs[i].admissible, fuzzy_cutoff=sampling.fuzzy_cutoff)
                 result = envs[i].step(action)
@@ -248,11 +301,17 @@ def rollout_lockstep(
                 if not result.done:
                     still.append(i)
             live = still
+            if label:
+                report(label, len(runs) - len(live), len(runs), f"step {step + 1} | {sum(won)} won")
     finally:
         for env in envs:
             env.close()
+    if label:
+        elapsed = time.perf_counter() - started
+        report(label, len(runs), len(runs), f"{sum(won)} won ({sum(won) / max(1, len(runs)):.1%}) | {elapsed:.0f} s",
+               final=True)
     return [
-        Episode(task, won[i], len(history[i]), tuple(a for _, a in history[i]))
+        Episode(task, won[i], len(history[i]), tuple(a for _, a in history[i]), tuple(labelled[i]))
         for i, (task, _) in enumerate(runs)
     ]
 

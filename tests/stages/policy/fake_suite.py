@@ -92,3 +92,11 @@ class FindSuite:
             *PLACES,
             *OBJECTS,
         ]
+
+
+class RecoveringFindSuite(FindSuite):
+    """`FindSuite` whose expert also acts from any state (`stages.envs.base.RecoveringExpert`)."""
+
+    def expert_action(self, env: FindEnv) -> str:
+        place = env.layout[env.target]
+        return f"take {env.target} from {place}" if env.at == place else f"go to {place}"

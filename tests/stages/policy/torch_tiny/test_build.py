@@ -7,7 +7,7 @@ from structlog.testing import capture_logs
 from pipeline.config import PolicySection, PretrainSection
 from stages.policy import POLICIES, Policy
 from stages.policy.torch_tiny import TorchTinyPolicy, build_policy
-from tests.stages.policy.fake_suite import FindSuite
+from tests.stages.policy.fake_suite import FindSuite, RecoveringFindSuite
 
 TINY = {"layers": 1, "d_model": 16, "heads": 2, "max_len": 64, "max_prompt_tokens": 48, "bc_eval_tasks": 4}
 
@@ -16,7 +16,7 @@ def _cfg(tmp_path, **options: object) -> PolicySection:
     return PolicySection(max_new_tokens=8, cache_dir=str(tmp_path), options={**TINY, **options})
 
 
-PRETRAIN = PretrainSection(demos=8, epochs=1, lr=1e-3, batch_size=8)
+PRETRAIN = PretrainSection(demos=8, epochs=1, lr=1e-3, batch_size=8, noise=0.0)  # FindSuite: plain BC
 
 
 def test_registered_backend_builds_a_policy(tmp_path) -> None:
@@ -53,7 +53,7 @@ def test_cache_key_follows_what_changes_the_weights(tmp_path) -> None:
     build_policy(_cfg(tmp_path, d_model=32), PRETRAIN, FindSuite(), seed=0)
     build_policy(_cfg(tmp_path), PRETRAIN, FindSuite(), seed=1)
     build_policy(
-        _cfg(tmp_path), PretrainSection(demos=8, epochs=2, lr=1e-3, batch_size=8), FindSuite(), seed=0
+        _cfg(tmp_path), PretrainSection(demos=8, epochs=2, lr=1e-3, batch_size=8, noise=0.0), FindSuite(), seed=0
     )
     build_policy(_cfg(tmp_path), PRETRAIN, FindSuite(max_steps=5), seed=0)  # other demos / suite
     assert len(list(tmp_path.glob("*.pt"))) == 5
@@ -64,3 +64,20 @@ def test_bad_options_are_refused_with_a_readable_message(tmp_path) -> None:
         build_policy(_cfg(tmp_path, layerz=2), PRETRAIN, FindSuite(), seed=0)
     with pytest.raises(ValueError, match="max_len"):
         build_policy(_cfg(tmp_path, max_prompt_tokens=60), PRETRAIN, FindSuite(), seed=0)
+
+
+def test_dagger_rounds_add_the_states_the_policy_visits(tmp_path) -> None:
+    suite = RecoveringFindSuite(per_split=24)
+    pretrain = PretrainSection(demos=8, epochs=1, lr=1e-3, batch_size=8, dagger_rounds=2, dagger_tasks=6)
+    with capture_logs() as logs:
+        build_policy(_cfg(tmp_path), pretrain, suite, seed=0)
+    done = next(e for e in logs if e["event"] == "policy.bc.done")
+    assert len(done["dagger_success"]) == len(done["dagger_losses"]) == 2
+
+
+def test_dagger_needs_a_recovering_expert_and_noise_is_skipped_without_one(tmp_path) -> None:
+    with pytest.raises(ValueError, match="pretrain.dagger_rounds needs a suite whose expert acts from any state"):
+        build_policy(_cfg(tmp_path), PretrainSection(demos=8, epochs=1, dagger_rounds=1), FindSuite(), seed=0)
+    with capture_logs() as logs:  # noise (on by default) is skipped with a warning, never an error
+        build_policy(_cfg(tmp_path), PretrainSection(demos=8, epochs=1, noise=0.2), FindSuite(), seed=0)
+    assert any(e["event"] == "policy.bc.noise_ignored" for e in logs)
