@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
+import torch
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -111,6 +112,7 @@ def _weights_key(policy) -> str:
 
 def collect(overrides: Sequence[str], seed: int, n_groups: int, fresh: bool) -> list[RecordedGroup]:
     cfg = load(None, [*overrides, f"run.seed={seed}"])
+    torch.set_num_threads(cfg.run.torch_threads)  # as run_job: one intra-op thread unless configured
     suite = build_suite(cfg)
     policy = build_policy(cfg, suite)
     path = CACHE / f"groups-{cfg.env.name}-seed{seed}-n{n_groups}-{_weights_key(policy)}.msgpack"
