@@ -6,8 +6,9 @@
     python run.py pretrain                         # behaviour-clone (or load the cached) warm start, report held-out success
     python run.py profile runs/default             # print the per-stage table of an existing run
     python run.py check --config FILE.toml         # validate a config and print it resolved
+    python run.py ab --arms gate,async-grpo --seeds 0,1,2   # A/B study of preset arms (docs/ab.md; `ab --help`)
 
-Exit codes: 0 done, 2 bad configuration or usage, 130 interrupted (Ctrl-C).
+Exit codes: 0 done, 1 a stage failed (one message naming it), 2 bad configuration or usage, 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["ab"]:
+        return _ab(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "profile":
         return _profile(args.run_dir)
@@ -39,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipeline.config import ConfigError, dump_toml
     from pipeline.job import load, run_job
+    from pipeline.stage import StageFailed
 
     overrides = list(args.overrides) + ([f"run.out={_toml_str(args.out)}"] if args.out else [])
     try:
@@ -56,9 +61,14 @@ def main(argv: list[str] | None = None) -> int:
             result = trio.run(run_job, cfg)
             print(f"\nrun folder: {result.run_dir}\n")
             print((result.run_dir / "summary.md").read_text())
-    except (KeyboardInterrupt, BaseExceptionGroup) as exc:
-        # Trio delivers Ctrl-C inside the root nursery, so it may arrive wrapped in an exception group.
-        if isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt) is None:
+    except (KeyboardInterrupt, StageFailed, BaseExceptionGroup) as exc:
+        # Trio delivers Ctrl-C and a stage's failure inside the root nursery: they may arrive wrapped in
+        # an exception group.
+        failed = _first(exc, StageFailed)
+        if failed is not None:
+            print(f"\nrun.py: the run stopped: {failed}", file=sys.stderr)
+            return 1
+        if _first(exc, KeyboardInterrupt) is None:
             raise
         print("\nrun.py: interrupted; every stage was cancelled and closed", file=sys.stderr)
         return 130
@@ -92,6 +102,25 @@ def _profile(run_dir: str | None) -> int:
         return 2
     print(report.table_markdown())
     return 0
+
+
+def _ab(argv: list[str]) -> int:
+    from pipeline.ab import main as ab_main
+    from pipeline.job import load
+
+    root = Path(__file__).resolve().parent
+    return ab_main(argv, load=load, command=[sys.executable, str(root / "run.py")], configs=root / "configs")
+
+
+def _first(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """`exc` itself or the first `kind` inside it (exception groups nest)."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if (found := _first(inner, kind)) is not None:
+                return found
+    return None
 
 
 def _toml_str(value: str) -> str:

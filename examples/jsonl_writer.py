@@ -16,7 +16,7 @@ from pathlib import Path
 import msgspec
 import trio
 
-from pipeline.messages import GroupResult
+from pipeline.messages import GroupResult, PhaseFinished
 from pipeline.stage import StageContext
 
 
@@ -45,6 +45,8 @@ class JsonlGroupWriter:
             async with events:
                 task_status.started()
                 async for message in events:
+                    if isinstance(message, PhaseFinished):
+                        return  # the last message of the stream: everything before it was written
                     if isinstance(message, GroupResult):
                         out.write(encoder.encode(self._row(message)) + b"\n")
                         out.flush()

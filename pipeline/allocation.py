@@ -2,7 +2,9 @@
 
 *Which* prompt gets the next slots is the allocator policy's call (`gates.allocators`); this module owns
 *when*: a group starts as soon as the policy names one, enough slots are free, and the learner's staleness
-bound allows it. Cut and finished groups free their slots at once, which wakes the loop: that is backfill.
+bound allows it. Slots are trajectory-grained: each trajectory frees its slot the moment it ends (a
+7-step success does not hold its slot until its group's 30-step failures end), and a cut frees every
+slot of its group at once; either wakes the loop: that is backfill.
 
 Staleness pacing (after AReaL): rollout groups that are running or waiting for the learner ("outstanding")
 are capped at (1 + max_staleness) * B. With max_staleness = 0 every group is trained by the very next
@@ -115,8 +117,8 @@ class AdmissionLoop:
     """Starts groups whenever slots, pacing and the allocator policy all say yes.
 
     `start_group(group_id, admission)` must start the group (e.g. `nursery.start_soon`) without awaiting
-    it; the caller later calls `group_finished` with the number of slots to free. Anything that may
-    unblock admission calls `wake()`.
+    it; the caller calls `trajectory_finished()` as each of its trajectories ends (its slot is free) and
+    `group_finished(cut_slots=...)` when the group returns. Anything that may unblock admission calls `wake()`.
     """
 
     def __init__(
@@ -140,10 +142,15 @@ class AdmissionLoop:
     def wake(self) -> None:
         self._changed.set()
 
-    def group_finished(self, size: int, *, cut: bool) -> None:
-        self.slots.release(size)
-        if cut:
-            self._backfill_credit += size
+    def trajectory_finished(self) -> None:
+        """One trajectory ended (complete, failed or cut): its slot is free now."""
+        self.slots.release(1)
+        self.wake()
+
+    def group_finished(self, *, cut_slots: int = 0) -> None:
+        """A group returned; `cut_slots` of its slots were freed by a cut (the next admissions into them
+        count as backfills)."""
+        self._backfill_credit += cut_slots
         self.wake()
 
     def admit_ready(self) -> int:

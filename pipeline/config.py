@@ -61,6 +61,8 @@ class PolicySection(_Section):
     max_new_tokens: int = 12
     max_batch: int = 64
     """Most act() requests decoded together."""
+    workers: int = 1
+    """Decoding worker processes (`stages/policy/workers.py`); 1 = decode in a thread of this process."""
     max_wait_ms: float = 2.0
     """How long the batcher waits for more requests after the first one arrives."""
     empty_output_action: str = ""
@@ -162,6 +164,9 @@ class TransportSection(_Section):
     events: str = "inproc://rollcut-events"
     """PUB address that observers (custom stages) subscribe to."""
     hwm: int = 10000
+    drain_s: float = 5.0
+    """After the last update, how long custom stages get to read the event stream up to `PhaseFinished`
+    and return before they are cancelled."""
 
 
 class ProfileSection(_Section):
@@ -263,6 +268,7 @@ def _range_problems(cfg: RunConfig) -> list[str]:
         (0 < cfg.policy.top_p <= 1, "policy.top_p must be in (0, 1]"),
         (cfg.policy.max_new_tokens >= 1, "policy.max_new_tokens must be >= 1"),
         (cfg.policy.max_batch >= 1, "policy.max_batch must be >= 1"),
+        (cfg.policy.workers >= 1, "policy.workers must be >= 1"),
         (cfg.policy.max_wait_ms >= 0, "policy.max_wait_ms must be >= 0"),
         (cfg.rollout.group_size >= 2, "rollout.group_size must be >= 2 (GRPO needs a group)"),
         (
@@ -294,6 +300,7 @@ def _range_problems(cfg: RunConfig) -> list[str]:
         ),
         (cfg.eval.tasks >= 0, "eval.tasks must be >= 0"),
         (cfg.transport.hwm >= 1, "transport.hwm must be >= 1"),
+        (cfg.transport.drain_s >= 0, "transport.drain_s must be >= 0"),
         (cfg.profile.gpu_sample_hz > 0, "profile.gpu_sample_hz must be > 0"),
     ]
     return [msg for ok, msg in checks if not ok]

@@ -37,12 +37,12 @@ from stages.rollout import RolloutStage
 
 from .allocation import AdmissionLoop, SlotPool, StalenessPacer
 from .config import RunConfig
-from .messages import AnyMessage, CancelGroup, ControlStream, GroupResult, WeightsPublished
+from .messages import AnyMessage, CancelGroup, ControlStream, GroupResult, PhaseFinished, TrajectoryStatus, WeightsPublished
 from .outcomes import FIRST_STAGE_KINDS, MergedOutcomes, is_zero_variance, label_rewards
 from .profiling import Profiler
 from .progress import Progress
 from .rundir import MetricsWriter
-from .stage import Stage, StageContext
+from .stage import Stage, StageContext, StageFailed
 from .transport import Context, open_context
 
 log = structlog.get_logger(__name__)
@@ -116,6 +116,23 @@ async def _publish_events(
             await pub.send(message)
 
 
+async def _run_observers(observers: Sequence[Stage], ctx: StageContext, finished: trio.Event, *, task_status: Any) -> None:
+    """Run the custom stages; a stage that raises stops the run with one message naming it."""
+    async with trio.open_nursery() as nursery:
+        for observer in observers:
+            await nursery.start(_run_observer, observer, ctx)
+        task_status.started()
+    finished.set()
+
+
+async def _run_observer(observer: Stage, ctx: StageContext, *, task_status: Any) -> None:
+    name = getattr(observer, "name", type(observer).__name__)
+    try:
+        await observer.run(ctx, task_status=task_status)
+    except Exception as exc:  # a plugin's bug: one clear line, not an exception-group traceback
+        raise StageFailed(name, f"{type(exc).__name__}: {exc}") from exc
+
+
 async def _send_all(zmq: Context, address: str | None, hwm: int, inbox: trio.MemoryReceiveChannel[Any], *, task_status: Any) -> None:
     """Own one PUSH socket and forward everything from a memory channel (None address: discard)."""
     if address is None:
@@ -182,13 +199,15 @@ async def run_grpo(
     rollout = RolloutStage(
         suite, policy, tasks, steps_send, profiler=profiler,
         max_error_rate=cfg.rollout.max_error_rate, min_trajectories=cfg.rollout.min_trajectories_for_error_rate,
+        on_trajectory_end=lambda: admission.trajectory_finished(),
     )
     merged = MergedOutcomes(on_settled=lambda rewards, _: _tally_prompt(tally, rewards, cfg.rollout.group_size), window=64)
     latest_weights: dict[int, Mapping[str, Any]] = {}
 
     def publish(version: int, state: Mapping[str, Any]) -> None:
         policy.load_weights(version, state)
-        if evaluate is not None and cfg.eval.every and version % cfg.eval.every == 0:
+        # The last version is measured by the job's after-evaluation; earlier ones every eval.every updates.
+        if evaluate is not None and cfg.eval.every and version % cfg.eval.every == 0 and version < cfg.run.updates:
             latest_weights[version] = state  # a detached copy: the trainer goes on with its own tensors
     attach = getattr(policy, "attach_profiler", None)  # optional: a backend that records its own spans
     if attach is not None:
@@ -211,7 +230,24 @@ async def run_grpo(
         if report.version >= cfg.run.updates:
             done.set()
 
+    evals_running = 0
+    evals_idle = trio.Event()
+    evals_idle.set()
+
     async def run_eval(version: int, state: Mapping[str, Any]) -> None:
+        nonlocal evals_running, evals_idle
+        assert evaluate is not None
+        if evals_running == 0:
+            evals_idle = trio.Event()
+        evals_running += 1
+        try:
+            await _evaluate_version(version, state)
+        finally:
+            evals_running -= 1
+            if evals_running == 0:
+                evals_idle.set()
+
+    async def _evaluate_version(version: int, state: Mapping[str, Any]) -> None:
         assert evaluate is not None
         t0 = trio.current_time()
         scores = await evaluate(version, state)
@@ -241,7 +277,7 @@ async def run_grpo(
         else:
             merged.open_child(group_id, parent)
         result = await rollout.run_group(group_id, admission_.task_id, admission_.size, kind=kind, parent=parent)
-        admission.group_finished(admission_.size, cut=result.cut)
+        admission.group_finished(cut_slots=sum(t.status == TrajectoryStatus.CUT for t in result.trajectories) if result.cut else 0)
         _tally_group(tally, result)
         if result.cut:
             merged.discard(group_id)
@@ -274,8 +310,8 @@ async def run_grpo(
             nursery.start_soon(_monitor_loop_lag, tally)
             await nursery.start(policy.serve)
             await nursery.start(_publish_events, zmq, t.events, t.hwm, events_recv)
-            for observer in observers:
-                await nursery.start(observer.run, stage_ctx)
+            observers_done = trio.Event()
+            await nursery.start(_run_observers, observers, stage_ctx, observers_done)
             await nursery.start(learner.run, stage_ctx)
             await nursery.start(receive_control, zmq)
             if gate_stage is not None:
@@ -293,6 +329,11 @@ async def run_grpo(
             if deadline.cancelled_caught:
                 stop_reason = "max_wall_s"
                 log.warning("grpo.wall_limit", max_wall_s=cfg.run.max_wall_s, updates=learner.version)
+            else:
+                await evals_idle.wait()  # a held-out measure in flight belongs to the curve
+            await events_send.send(PhaseFinished(updates=learner.version, stop_reason=stop_reason))
+            with trio.move_on_after(cfg.transport.drain_s):  # stages that return on PhaseFinished saw everything
+                await observers_done.wait()
             occupancy = slots.occupancy()
             wall = trio.current_time() - started
             trajectory_occupancy = rollout.trajectory_seconds / (cfg.rollout.slots * wall) if wall > 0 else float("nan")

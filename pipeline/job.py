@@ -27,8 +27,10 @@ from learner.trainer import Trainer
 from stages.envs import ENVS, EnvSuite, Task
 from stages.evaluate import EvalReport, evaluate
 from stages.policy import POLICIES, Policy
+from stages.policy.workers import WorkerPoolPolicy
 
-from .config import RunConfig, load_config
+from .config import RunConfig, dump_toml, load_config
+from .curves import curve_points, write_learning_curve
 from .grpo import GrpoOutcome, run_grpo
 from .profiling import Profiler
 from .progress import Progress
@@ -61,8 +63,13 @@ def build_suite(cfg: RunConfig) -> EnvSuite:
     return ENVS.get(cfg.env.name)(max_steps=cfg.env.max_steps, **cfg.env.options)
 
 
-def build_policy(cfg: RunConfig, suite: EnvSuite) -> Policy:
-    return POLICIES.get(cfg.policy.backend)(cfg.policy, cfg.pretrain, suite, seed=cfg.run.seed)
+def build_policy(cfg: RunConfig, suite: EnvSuite, *, workers: int | None = None) -> Policy:
+    """The configured backend, warm-started; behind a pool of decoding processes when `policy.workers` > 1."""
+    local = POLICIES.get(cfg.policy.backend)(cfg.policy, cfg.pretrain, suite, seed=cfg.run.seed)
+    workers = cfg.policy.workers if workers is None else workers
+    if workers <= 1:
+        return local
+    return WorkerPoolPolicy(local, dump_toml(cfg), workers=workers, weights=local.trainable().state_dict())
 
 
 def heldout_tasks(cfg: RunConfig, suite: EnvSuite) -> dict[str, list[Task]]:
@@ -84,13 +91,15 @@ def _periodic_evaluator(cfg: RunConfig, suite: EnvSuite, splits: dict[str, list[
     warm start), loaded with exactly that version's weights, so the figure is that version's whatever the
     live policy loads meanwhile."""
     holder: list[Policy] = []
+    one_at_a_time = trio.Lock()  # one evaluation policy: evaluations that overlap (small eval.every) take turns
 
     async def evaluate_version(version: int, state: Any) -> dict[str, float]:
-        if not holder:
-            holder.append(await trio.to_thread.run_sync(build_policy, cfg, suite))
-        policy = holder[0]
-        policy.load_weights(version, state)
-        reports = await evaluate_heldout(policy, suite, splits, cfg.eval.greedy)
+        async with one_at_a_time:
+            if not holder:
+                holder.append(await trio.to_thread.run_sync(lambda: build_policy(cfg, suite, workers=1)))
+            policy = holder[0]
+            policy.load_weights(version, state)
+            reports = await evaluate_heldout(policy, suite, splits, cfg.eval.greedy)
         scores = {split.removeprefix("heldout_"): r.success for split, r in reports.items()}
         mean = _mean_success(reports)
         return scores | ({"mean": mean} if mean is not None else {})
@@ -163,6 +172,13 @@ async def run_job(cfg: RunConfig, *, progress: Progress | None = None) -> JobRes
         _save_checkpoints(run_dir, trainer, allocator)
         summary = _summary(cfg, outcome, before, after, warm_start_s, time.perf_counter() - wall_started,
                            profiler_overhead_pct=overhead["overhead_pct"] if overhead else None, generated_tokens=generated)
+        if outcome.tally.evaluations:
+            write_learning_curve(
+                run_dir / "learning_curve.png",
+                curve_points({s: r.success for s, r in before.items()}, outcome.tally.evaluations,
+                             {s: r.success for s, r in after.items()}, final_wall_s=outcome.wall_s, final_env_steps=outcome.env_steps),
+                title=f"{cfg.run.name}: held-out success (seed {cfg.run.seed})",
+            )
         write_summary(run_dir, summary, {"Per-stage profile": report.table_markdown(), "Held-out success by family": _family_table(before, after)})
         log.info("job.finished", **{k: v for k, v in summary.items() if not isinstance(v, dict | list)})
         return JobResult(run_dir, summary, outcome)

@@ -143,6 +143,13 @@ class WeightsPublished(_Message):
     published_at: float
 
 
+class PhaseFinished(_Message):
+    """The last message on the event stream: the GRPO phase ended (stages may finish their work and return)."""
+
+    updates: int
+    stop_reason: str
+
+
 class Metrics(_Message):
     """A flat bag of hierarchical metric keys (e.g. `learner/loss`) from one stage."""
 
@@ -150,13 +157,66 @@ class Metrics(_Message):
     values: dict[str, float]
 
 
+class ActRequest(_Message):
+    """One `act()` call sent to a decoding worker process (the context as text: the worker builds the prompt)."""
+
+    request_id: int
+    task: str
+    observation: str
+    admissible: list[str]
+    history: list[tuple[str, str]]
+    greedy: bool
+    number: int
+    """The request's sampling number (its random stream), assigned by the caller in call order."""
+
+
+class AbandonRequest(_Message):
+    """The caller stopped waiting (its group was cut): drop the request if it has not been decoded yet."""
+
+    request_id: int
+
+
+class LoadWeights(_Message):
+    """New weights for a decoding worker: `weights` is a `torch.save`d state dict."""
+
+    version: int
+    weights: bytes
+
+
+class ActReply(_Message):
+    """A worker's answer to an `ActRequest` (an empty `error` means success)."""
+
+    request_id: int
+    worker: int
+    action: str = ""
+    text: str = ""
+    prompt_ids: list[int] = []
+    token_ids: list[int] = []
+    logprobs: list[float] = []
+    policy_version: int = 0
+    error: str = ""
+
+
+class WorkerReady(_Message):
+    """A decoding worker built its policy and serves requests."""
+
+    worker: int
+
+
 StepStream = GroupOpened | StepEvent | RolloutFailed | GroupClosed
 ControlStream = CancelGroup
 ResultStream = GroupResult
 LearnerStream = WeightsPublished | Metrics
-AnyMessage = GroupOpened | StepEvent | RolloutFailed | GroupClosed | CancelGroup | GroupResult | WeightsPublished | Metrics
+WorkerInbox = ActRequest | AbandonRequest | LoadWeights
+WorkerOutbox = ActReply | WorkerReady
+AnyMessage = (
+    GroupOpened | StepEvent | RolloutFailed | GroupClosed | CancelGroup | GroupResult | WeightsPublished | Metrics | PhaseFinished
+)
 
 __all__ = [
+    "AbandonRequest",
+    "ActReply",
+    "ActRequest",
     "AnyMessage",
     "CancelGroup",
     "ControlStream",
@@ -164,7 +224,9 @@ __all__ = [
     "GroupOpened",
     "GroupResult",
     "LearnerStream",
+    "LoadWeights",
     "Metrics",
+    "PhaseFinished",
     "ResultStream",
     "RolloutFailed",
     "StepEvent",
@@ -173,4 +235,7 @@ __all__ = [
     "TrajectoryStatus",
     "Turn",
     "WeightsPublished",
+    "WorkerInbox",
+    "WorkerOutbox",
+    "WorkerReady",
 ]

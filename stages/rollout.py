@@ -86,6 +86,7 @@ class RolloutStage:
         clock: Callable[[], float] = trio.current_time,
         max_error_rate: float = 1.0,
         min_trajectories: int = 50,
+        on_trajectory_end: Callable[[], None] | None = None,
     ) -> None:
         self.suite = suite
         self.policy = policy
@@ -95,6 +96,8 @@ class RolloutStage:
         self.clock = clock
         self._scopes: dict[int, trio.CancelScope] = {}
         self._cuts: dict[int, _Cut] = {}
+        self.on_trajectory_end = on_trajectory_end
+        """Called once per trajectory as it ends (complete, failed or cut): frees its slot at once."""
         self.max_error_rate = max_error_rate
         self.min_trajectories = min_trajectories
         self.env_steps = 0
@@ -170,8 +173,9 @@ class RolloutStage:
 
     async def _trajectory(self, group_id: int, task: Task, record: _Record) -> None:
         started = self.clock()
-        env = self.suite.make()
+        env: Environment | None = None
         try:
+            env = self.suite.make()
             await self._agent_loop(group_id, task, record, env)
             self.trajectories_ended += 1
         except Exception as exc:  # env or policy failure: this trajectory only (Cancelled is not an Exception)
@@ -184,8 +188,11 @@ class RolloutStage:
             await self.steps_out.send(RolloutFailed(group_id=group_id, rollout_index=record.rollout_index, error=record.error))
             self._check_error_rate()
         finally:
-            env.close()
+            if env is not None:
+                env.close()
             self.trajectory_seconds += self.clock() - started
+            if self.on_trajectory_end is not None:
+                self.on_trajectory_end()
 
     def _check_error_rate(self) -> None:
         ended, failed = self.trajectories_ended, self.trajectories_failed

@@ -122,3 +122,61 @@ def test_ctrl_c_stops_cleanly_within_five_seconds(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("allocator", "options"),
+    [("pilot_commit", "{p_lo = 0.0, p_up = 0.0}"), ("aero", "{}")],  # pilot-commit: commit every pilot
+)
+async def test_allocator_sub_groups_are_never_gated_and_staleness_is_a_bound(tmp_path, allocator, options):
+    # The gate would cut every even group at its first step, commit and rescue groups included, if it saw them.
+    cfg = load(None, _tiny(tmp_path, f"allocator.name={allocator}", f"allocator.options={options}",
+                           'gate.name="tests.plugin_gates:CutEvenGroups"', "gate.k=1", "learner.max_staleness=0"))
+    result = await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
+    summary = result.summary
+    first_stage = {"pilot", "explore", "group"}
+    assert set(summary["gate_decisions_by_kind"]) <= first_stage
+    assert set(summary["gate_groups_seen_by_kind"]) - first_stage, "the run had later-stage groups to leave alone"
+    assert summary["staleness_lag_max"] <= cfg.learner.max_staleness
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["staleness_lag_max"] <= cfg.learner.max_staleness for r in rows if "staleness_lag_max" in r)
+    for key in ("trajectory_slot_occupancy", "first_stage_cut_fraction", "items_dropped_stale", "staleness_lag_mean",
+                "generated_tokens"):
+        assert key in summary, key
+
+
+@pytest.mark.slow
+async def test_periodic_heldout_evaluation_writes_a_learning_curve(tmp_path):
+    cfg = load(None, _tiny(tmp_path, "eval.every=1", "gate.k=4"))
+    result = await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "heldout/mean" in r]
+    assert [r["iteration"] for r in evals] == [1]  # the last update is the job's after-measure
+    assert all({"heldout/seen", "heldout/unseen", "wall_s", "env_steps"} <= r.keys() for r in evals)
+    assert result.summary["heldout_curve"] == evals
+    assert (result.run_dir / "learning_curve.png").exists()
+
+
+@pytest.mark.slow
+async def test_custom_stages_see_every_event_and_a_failing_one_is_named(tmp_path):
+    from pipeline.stage import StageFailed
+    from tests.plugin_stages import Recorder
+
+    Recorder.seen = []
+    cfg = load(None, _tiny(tmp_path, "gate.k=4", 'stages=[{target = "tests.plugin_stages:Recorder"}]'))
+    await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
+    assert Recorder.seen == [1, 2, "finished"]  # the last WeightsPublished arrives before the phase ends
+
+    cfg = load(None, _tiny(tmp_path, "gate.k=4", "run.updates=1000", 'stages=[{target = "tests.plugin_stages:Explodes"}]'))
+    with pytest.raises(BaseException) as info:  # noqa: PT011 (StageFailed, possibly inside exception groups)
+        await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
+
+    def find(exc):
+        if isinstance(exc, StageFailed):
+            return exc
+        return next((f for e in getattr(exc, "exceptions", ()) if (f := find(e))), None)
+
+    failed = find(info.value)
+    assert failed is not None and failed.stage == "explodes"
+    assert str(failed) == "stage 'explodes': ValueError: the plugin has a bug"

@@ -82,8 +82,12 @@ class Policy(Protocol):
         """Run the batching loop until cancelled; call task_status.started() once requests are served."""
         ...
 
-    async def act(self, context: AgentContext, *, greedy: bool = False) -> ActResult:
-        """Generate one action. Cancelling the caller drops the request without disturbing the batch."""
+    async def act(self, context: AgentContext, *, greedy: bool = False, number: int | None = None) -> ActResult:
+        """Generate one action. Cancelling the caller drops the request without disturbing the batch.
+
+        `number` (default: the next in call order) names the request's random stream; a decoding worker
+        process (`stages/policy/workers.py`) passes the number its pool assigned, so results do not depend on
+        which process answers. A backend that samples from a shared stream may ignore it."""
         ...
 
     def load_weights(self, version: int, state: Mapping[str, Any]) -> None:

@@ -67,7 +67,9 @@ async def test_cut_group_slots_are_backfilled_immediately(autojump_clock):
         assert [gid for _, gid in started] == [0, 1] and slots.free == 0
         await trio.sleep(3.0)
         pacer.finished(emitted=0)
-        loop.group_finished(2, cut=True)
+        loop.trajectory_finished()
+        loop.trajectory_finished()
+        loop.group_finished(cut_slots=2)
         await trio.testing.wait_all_tasks_blocked()
         assert started[-1] == (3.0, 2)  # admitted at the very instant the cut freed the slots
         assert loop.backfills == 1
@@ -92,4 +94,23 @@ async def test_admission_waits_for_the_learner_not_for_slots(autojump_clock):
         loop.wake()
         await trio.testing.wait_all_tasks_blocked()
         assert len(policy.admitted) == 4
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_trajectory_frees_its_slot_when_it_ends_not_when_its_group_does(autojump_clock):
+    policy = _Policy(size=2)
+    slots = SlotPool(4)
+    pacer = StalenessPacer(batch_groups=100, max_staleness=0)
+    started = []
+    loop = AdmissionLoop(policy, slots, pacer, lambda gid, adm: started.append((trio.current_time(), gid)))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(loop.run)
+        assert slots.free == 0
+        await trio.sleep(1.0)
+        loop.trajectory_finished()  # group 0's short success ended; its sibling still runs
+        await trio.sleep(1.0)
+        loop.trajectory_finished()  # group 1's first member ended: two slots are free across groups
+        await trio.testing.wait_all_tasks_blocked()
+        assert started[-1] == (2.0, 2) and slots.free == 0
+        assert loop.backfills == 0  # nothing was cut
         nursery.cancel_scope.cancel()

@@ -9,8 +9,16 @@ from pipeline.messages import (
     GroupClosed,
     GroupOpened,
     GroupResult,
+    AbandonRequest,
+    ActReply,
+    ActRequest,
+    LoadWeights,
     Metrics,
+    PhaseFinished,
     RolloutFailed,
+    WorkerInbox,
+    WorkerOutbox,
+    WorkerReady,
     StepEvent,
     Trajectory,
     TrajectoryStatus,
@@ -44,7 +52,21 @@ EXAMPLES = [
     ),
     WeightsPublished(version=4, groups_trained=32, published_at=10.0),
     Metrics(stage="learner", values={"learner/loss": 0.25}),
+    PhaseFinished(updates=10, stop_reason="updates"),
 ]
+
+WORKER_EXAMPLES = [
+    (ActRequest(request_id=7, task="t", observation="o", admissible=["look"], history=[("o0", "a0")], greedy=False, number=3), WorkerInbox),
+    (AbandonRequest(request_id=7), WorkerInbox),
+    (LoadWeights(version=2, weights=b"\x00\x01"), WorkerInbox),
+    (ActReply(request_id=7, worker=1, action="look", text="look", prompt_ids=[1], token_ids=[2, 3], logprobs=[-0.1, -0.2], policy_version=2), WorkerOutbox),
+    (WorkerReady(worker=1), WorkerOutbox),
+]
+
+
+@pytest.mark.parametrize(("message", "union"), WORKER_EXAMPLES, ids=lambda m: type(m).__name__)
+def test_worker_messages_round_trip(message, union):
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(message), type=union) == message
 
 
 @pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)

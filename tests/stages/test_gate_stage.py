@@ -63,3 +63,55 @@ async def test_shadow_mode_flags_decisions_and_scores_closed_groups():
     (decision,) = await _run_gate(stage, messages, until=lambda: stage.ledger.groups > 0)
     assert decision.shadow
     assert stage.ledger.true_positive == 1
+
+
+class _Ctx:
+    profiler = Profiler(enabled=False)
+
+
+def _feed(stage, messages):
+    return [d for m in messages if (d := stage._handle(m, _Ctx())) is not None]
+
+
+def _opened(gid, size, kind="group", parent=None):
+    return GroupOpened(group_id=gid, task_id="a", size=size, policy_version=0, admitted_at=0.0, kind=kind, parent=parent)
+
+
+def test_only_a_prompts_first_stage_group_of_two_or_more_is_gated():
+    stage = GateStage(k=10, tau=0.12)
+    messages = [
+        _opened(1, 4, "pilot"), *_steps(1, [ACTIONS] * 4),  # converged pilot: gated and cut
+        _opened(2, 4, "commit", parent=1), *_steps(2, [ACTIONS] * 4),  # converged commit: never gated
+        _opened(3, 2, "rescue", parent=1), *_steps(3, [ACTIONS] * 2),
+        _opened(4, 1, "group"), *_steps(4, [ACTIONS]),  # one rollout: no pairs, no decision
+    ]
+    cuts = _feed(stage, messages)
+    assert [c.group_id for c in cuts] == [1]
+    stats = stage.statistics()
+    assert stats["gate/decisions/pilot"] == 1 and "gate/decisions/commit" not in stats
+    assert stats["gate/groups_seen/commit"] == 1 and stats["gate/groups_gated"] == 1
+
+
+def test_shadow_labels_use_the_prompts_merged_group_and_leave_failed_rollouts_out():
+    stage = GateStage(k=10, tau=0.12, shadow=True)
+    messages = [
+        # pilot: converged and all-fail on its own (would cut) ...
+        _opened(1, 4, "pilot"), *_steps(1, [ACTIONS] * 4),
+        GroupClosed(group_id=1, rewards=[0.0] * 4, cut=False, steps=40),
+        # ... but its commit group won once: the prompt was informative, so the would-be cut is a false positive
+        _opened(2, 4, "commit", parent=1),
+        GroupClosed(group_id=2, rewards=[0.0, 1.0, 0.0, 0.0], cut=False, steps=40),
+        # a plain group whose only win came from a rollout that then failed: all-fail among complete ones
+        _opened(3, 3, "group"), *_steps(3, [ACTIONS] * 3),
+        GroupClosed(group_id=3, rewards=[0.0, 1.0, 0.0], cut=False, steps=30, complete=[True, False, True]),
+    ]
+    assert len(_feed(stage, messages)) == 2
+    stage.finish()
+    assert (stage.ledger.true_positive, stage.ledger.false_positive) == (1, 1)
+
+
+def test_prefix_decide_with_fewer_than_two_rollouts_is_no_decision():
+    from gates.prefix import decide
+
+    decision = decide([["look"] * 10], 10, 0.6)
+    assert not decision.cut and "no decision" in decision.reason

@@ -184,3 +184,79 @@ async def test_step_events_say_whether_the_action_was_admissible_and_the_observa
     await stage.run_group(2, "t0", 1)
     steps = [e for e in _drain(receive) if isinstance(e, StepEvent)]
     assert [(e.admissible, e.new_observation) for e in steps] == [(False, True), (False, False), (False, False)]
+
+
+class _CancelOnLastClose(Suite):
+    """The last episode to close asks for a cut: every member has ended, the group has not returned yet."""
+
+    def __init__(self, stage_box, size):
+        super().__init__(win_at=2)
+        self.stage_box, self.size, self.closed = stage_box, size, 0
+
+    def make(self):
+        env = super().make()
+        close = env.close
+
+        def close_and_cut():
+            close()
+            self.closed += 1
+            if self.closed == self.size:
+                assert self.stage_box[0].cancel(4, "late", 0.0)  # the group is still registered
+
+        env.close = close_and_cut
+        return env
+
+
+async def test_a_cut_that_finds_every_member_ended_is_not_a_cut(autojump_clock):
+    box = []
+    suite = _CancelOnLastClose(box, size=3)
+    stage, receive = _stage(suite, SlowPolicy())
+    box.append(stage)
+    result = await stage.run_group(4, "t0", 3)
+    assert not result.cut and result.cut_reason == ""
+    assert [t.status for t in result.trajectories] == [TrajectoryStatus.COMPLETE] * 3
+    assert stage.cuts_late == 1
+    closed = _drain(receive)[-1]
+    assert isinstance(closed, GroupClosed) and not closed.cut and closed.complete == [True] * 3
+
+
+async def test_the_admission_kind_and_parent_travel_with_the_group(autojump_clock):
+    stage, receive = _stage(Suite(win_at=1), SlowPolicy())
+    result = await stage.run_group(6, "t0", 2, kind="commit", parent=5)
+    opened = _drain(receive)[0]
+    assert (opened.kind, opened.parent) == ("commit", 5)
+    assert (result.kind, result.parent) == ("commit", 5)
+
+
+async def test_steps_record_whether_the_action_was_admissible(autojump_clock):
+    stage, _ = _stage(Suite(win_at=2), SlowPolicy())
+    result = await stage.run_group(1, "t0", 1)
+    assert all(turn.admissible for turn in result.trajectories[0].turns)  # "count" is admissible
+
+
+async def test_systematic_failures_stop_the_run_naming_the_stage_and_first_error(autojump_clock):
+    from pipeline.stage import StageFailed
+
+    suite = Suite(win_at=2, failing=set(range(100)))
+    send, _ = trio.open_memory_channel(1000)
+    stage = RolloutStage(suite, SlowPolicy(), {TASK.task_id: TASK}, send, profiler=Profiler(enabled=False),
+                         max_error_rate=0.2, min_trajectories=5)
+    with pytest.raises(BaseException) as info:  # noqa: PT011 (StageFailed, possibly inside an exception group)
+        for gid in range(3):
+            await stage.run_group(gid, "t0", 4)
+    exc = info.value
+    if isinstance(exc, BaseExceptionGroup):
+        exc = exc.subgroup(StageFailed).exceptions[0]
+    assert isinstance(exc, StageFailed)
+    assert "'rollout'" in str(exc) and "the room is on fire" in str(exc) and "max_error_rate" in str(exc)
+    assert stage.trajectories_ended >= 5
+
+
+async def test_a_few_failures_below_the_rate_do_not_stop_the_run(autojump_clock):
+    suite = Suite(win_at=2, failing={0})
+    send, _ = trio.open_memory_channel(1000)
+    stage = RolloutStage(suite, SlowPolicy(), {TASK.task_id: TASK}, send, profiler=Profiler(enabled=False),
+                         max_error_rate=0.2, min_trajectories=5)
+    for gid in range(3):
+        await stage.run_group(gid, "t0", 4)
+    assert stage.trajectories_failed == 1 and stage.trajectories_ended == 12

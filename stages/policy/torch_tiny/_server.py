@@ -121,14 +121,16 @@ class TorchTinyPolicy:
     # ----------------------------------------------------------------------------------------------
     # Policy protocol
 
-    async def act(self, context: AgentContext, *, greedy: bool = False) -> ActResult:
+    async def act(self, context: AgentContext, *, greedy: bool = False, number: int | None = None) -> ActResult:
+        """Decode one action; `number` (default: the next in call order) picks the request's random stream,
+        so a worker process answering for a pool samples exactly what this process would have."""
         # A caller whose scope is already cancelled (e.g. during shutdown, after serve() stopped) gets
         # Cancelled, not PolicyStopped: it is being torn down, not failing.
         await trio.lowlevel.checkpoint_if_cancelled()
         send = self._send
         if send is None:
             raise PolicyStopped("TorchTinyPolicy.serve() is not running")
-        request = _Request(self.prompt.build(context), context.admissible, greedy, self._requests)
+        request = _Request(self.prompt.build(context), context.admissible, greedy, self._requests if number is None else number)
         self._requests += 1
         try:
             await send.send(request)

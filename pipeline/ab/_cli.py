@@ -1,0 +1,184 @@
+"""`run.py ab`: run a study, rebuild its report, list the presets.
+
+    python run.py ab [--arms A,B,...] [--seeds 0,1,2] [--budget default] [--config BASE] [--set K=V ...]
+                     [--name NAME] [--out DIR] [--baseline ARM] [--target-heldout X [--eval-every N]] [--dry-run]
+    python run.py ab report RUN_DIR [--baseline ARM]
+    python run.py ab list
+
+Exit codes: 0 every run finished, 1 some run failed (the report covers the rest), 2 bad usage or
+configuration (nothing was run), 130 interrupted (finished runs are kept; run the same command to resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import ConfigError, RunSection
+
+from ._markdown import report_markdown
+from ._plots import write_plots
+from ._presets import Preset, find_presets, list_presets
+from ._report import build_report, read_run
+from ._runner import Loader, Study, check_resumable, execute, plan_study, read_plan, write_plan
+
+DEFAULT_ARMS = "sync-grpo,async-grpo,gate,gate-shadow,greso,pilot-commit,composed"
+
+
+def _study_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="run.py ab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arms", default=DEFAULT_ARMS, help=f"comma-separated arm names (configs/arms/*.toml) or .toml paths (default: {DEFAULT_ARMS})")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default: 0,1,2)")
+    p.add_argument("--budget", default="default", help="configs/budgets/<name>.toml, a .toml path, or `none` (default: default)")
+    p.add_argument("--config", help="base TOML config (default: the embedded default)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="applied to every arm, after it")
+    p.add_argument("--name", help="study folder <out>/<name>/ab (default: ab-<budget>)")
+    p.add_argument("--out", help="parent of the study folder (default: the base config's run.out)")
+    p.add_argument("--baseline", help="arm the others are compared to (default: the first arm)")
+    p.add_argument("--target-heldout", type=float, help="stop each run at this held-out success and compare time to reach it")
+    p.add_argument("--eval-every", type=int, help="held-out evaluation every N updates (with --target-heldout; default 2)")
+    p.add_argument("--dry-run", action="store_true", help="validate and print the plan, run nothing")
+    return p
+
+
+def main(argv: Sequence[str], *, load: Loader, command: Sequence[str], configs: Path) -> int:
+    """`command` starts one run given `--config FILE` (run.py itself); `configs` holds arms/ and budgets/."""
+    try:
+        if argv[:1] == ["report"]:
+            return _report_command(argv[1:])
+        if argv[:1] == ["list"]:
+            return _list_command(configs)
+        return _study_command(_study_parser().parse_args(argv), load, command, configs)
+    except ConfigError as exc:
+        print(f"run.py ab: {exc}", file=sys.stderr)
+        return 2
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError([f"--seeds {text!r}: expected comma-separated integers"]) from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError([f"--seeds {text!r}: give at least one seed, each once"])
+    return seeds
+
+
+def _stop_overrides(args: argparse.Namespace) -> list[str]:
+    """The target rule as config: each run stops at `run.target_heldout`, measured every `eval.every` updates
+    (the config check says what is wrong with either value)."""
+    if args.target_heldout is None:
+        if args.eval_every is not None:
+            raise ConfigError(["--eval-every is for --target-heldout (use --set eval.every=N otherwise)"])
+        return []
+    every = 2 if args.eval_every is None else args.eval_every
+    return [f"run.target_heldout={args.target_heldout}", f"eval.every={every}"]
+
+
+def _study_command(args: argparse.Namespace, load: Loader, command: Sequence[str], configs: Path) -> int:
+    arms = find_presets([a.strip() for a in args.arms.split(",") if a.strip()], configs / "arms", "arm")
+    budget = None if args.budget == "none" else find_presets([args.budget], configs / "budgets", "budget")[0]
+    seeds = _seeds(args.seeds)
+    user = [*args.overrides, *_stop_overrides(args)]
+    base_out = args.out or _run_out(load, args.config, [*(budget.overrides if budget else ()), *user])
+    ab_dir = Path(base_out) / (args.name or f"ab-{args.budget if budget is None else budget.name}") / "ab"
+    study = plan_study(load, args.config, budget, arms, seeds, user, ab_dir, args.baseline or arms[0].name)
+    todo = check_resumable(study)
+    if args.dry_run:
+        _print_plan(study, budget, todo)
+        return 0
+    write_plan(study, {"budget": budget.name if budget else None, "base_config": args.config, "set": list(args.overrides),
+                       "target_heldout": args.target_heldout, "argv": sys.argv})
+    return _run_study(study, todo, command)
+
+
+def _run_out(load: Loader, base: str | None, overrides: list[str]) -> str:
+    """The base config's run.out; a problem there is left for the per-arm validation to report in full."""
+    try:
+        return load(base, overrides).run.out
+    except ConfigError:
+        return RunSection().out
+
+
+def _print_plan(study: Study, budget: Preset | None, todo: list[Any]) -> None:
+    print(f"study folder: {study.ab_dir}\nbudget: {budget.name if budget else 'none'} {list(budget.overrides) if budget else ''}")
+    for arm in study.arms:
+        print(f"arm {arm.name}: {' '.join(arm.overrides)}")
+    for i, run in enumerate(study.runs, 1):
+        print(f"[{i}/{len(study.runs)}] {run.name}: {'to run' if run in todo else 'finished'}")
+
+
+def _run_study(study: Study, todo: list[Any], command: Sequence[str]) -> int:
+    failed = []
+    print(f"A/B study: {len(study.arms)} arms x {len(study.seeds)} seeds, {len(todo)} to run, folder {study.ab_dir}", flush=True)
+    try:
+        for i, run in enumerate(study.runs, 1):
+            if run not in todo:
+                print(f"[{i}/{len(study.runs)}] {run.name}: finished earlier, kept", flush=True)
+                continue
+            print(f"[{i}/{len(study.runs)}] {run.name}: running (log: {study.ab_dir / 'logs' / (run.name + '.log')})", flush=True)
+            outcome = execute(run, study.ab_dir, command)
+            if outcome.returncode != 0:
+                failed.append(run.name)
+                print(f"    failed with exit code {outcome.returncode} after {outcome.seconds:.0f} s", flush=True)
+            else:
+                summary = json.loads((study.ab_dir / run.name / "summary.json").read_text())
+                print(f"    done in {outcome.seconds:.0f} s: GRPO {summary.get('grpo_wall_s', float('nan')):.1f} s, "
+                      f"stop {summary.get('stop_reason')}, held-out {summary.get('heldout_success_before')} -> "
+                      f"{summary.get('heldout_success_after')}", flush=True)
+            write_report(study.ab_dir)
+    except KeyboardInterrupt:
+        write_report(study.ab_dir)
+        print(f"\nrun.py ab: interrupted; finished runs are kept, the same command resumes ({study.ab_dir})", file=sys.stderr)
+        return 130
+    print(f"\nreport: {study.ab_dir / 'report.md'}\n")
+    print((study.ab_dir / "report.md").read_text())
+    if failed:
+        print(f"run.py ab: {len(failed)} run(s) failed: {', '.join(failed)} (see logs/)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def write_report(ab_dir: Path, baseline: str | None = None) -> dict[str, Any]:
+    """Rebuild report.json, report.md and the plots from the study's finished runs."""
+    plan = read_plan(ab_dir)
+    arms, seeds = [a["name"] for a in plan["arms"]], plan["seeds"]
+    baseline = baseline or plan["baseline"]
+    if baseline not in arms:
+        raise ConfigError([f"baseline {baseline!r} is not one of the study's arms ({', '.join(arms)})"])
+    records = [r for a in arms for s in seeds if (r := read_run(a, s, ab_dir / f"{a}-s{s}")) is not None]
+    report = build_report(records, arms=arms, seeds=seeds, baseline=baseline, target=plan.get("target_heldout"))
+    report["plots"] = write_plots(ab_dir, {a: [r.curve for r in records if r.arm == a] for a in arms}, report)
+    if not report["plots"]:
+        report["notes"].append("no plots: matplotlib is not installed (pip install rollcut[plot])")
+    report["study"] = {k: plan.get(k) for k in ("budget", "base_config", "set", "seeds")} | {
+        "arms": {a["name"]: a["overrides"] for a in plan["arms"]}}
+    (ab_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (ab_dir / "report.md").write_text(report_markdown(report, ab_dir.parent.name))
+    return report
+
+
+def _report_command(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="run.py ab report", description="rebuild report.md, report.json and the plots")
+    p.add_argument("run_dir", help="the study folder: <out>/<name> or <out>/<name>/ab")
+    p.add_argument("--baseline", help="compare to this arm instead of the study's baseline")
+    args = p.parse_args(argv)
+    ab_dir = Path(args.run_dir)
+    if not (ab_dir / "plan.json").is_file() and (ab_dir / "ab" / "plan.json").is_file():
+        ab_dir = ab_dir / "ab"
+    write_report(ab_dir, args.baseline)
+    print((ab_dir / "report.md").read_text())
+    return 0
+
+
+def _list_command(configs: Path) -> int:
+    for kind in ("arms", "budgets"):
+        print(f"{kind} ({configs / kind}):")
+        for preset in list_presets(configs / kind):
+            print(f"  {preset.name:14s} {preset.description}")
+    return 0
+

@@ -1,0 +1,76 @@
+"""report.md: the study's tables as a person reads them (rendered from the report.json dict)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+
+def _num(value: Any, fmt: str = ".4g") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return format(value, fmt)
+
+
+def _pct(value: Any) -> str:
+    return _num(value * 100, ".1f") + " %" if value is not None else "n/a"
+
+
+def _interval(value: Mapping[str, Any] | None, fmt: str = ".3f") -> str:
+    if value is None:
+        return "n/a"
+    return f"{_num(value['estimate'], fmt)} [{_num(value['ci_low'], fmt)}, {_num(value['ci_high'], fmt)}] (n={value['n_pairs']})"
+
+
+def _before_after(block: Mapping[str, Any], split: str) -> str:
+    return f"{_pct(block.get(f'heldout_{split}_before'))} → {_pct(block.get(f'heldout_{split}_after'))}"
+
+
+def report_markdown(report: Mapping[str, Any], title: str) -> str:
+    arms, comps, base = report["arms"], report["comparisons"], report["baseline"]
+    level = report["bootstrap"]["level"]
+    lines = [
+        f"# A/B study `{title}`",
+        "",
+        f"Baseline arm: `{base}`. Means over seeds; ratios and differences to the baseline are paired by seed "
+        f"with a {level:.0%} percentile bootstrap interval [low, high] over seeds (n = pairs). "
+        f"Wall clock = {report['wall_clock']}.",
+        "",
+        "## Cost",
+        "",
+        "| arm | seeds | wall s | wall × baseline | env steps | env steps × baseline | tokens | admitted / cut / backfilled / trained (informative) | zero-var | slot occupancy |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, b in arms.items():
+        c = comps.get(arm, {})
+        lines.append(
+            f"| {arm} | {b['n']} | {_num(b.get('wall_s'), '.1f')} | {'baseline' if arm == base else _interval(c.get('wall_ratio'))} "
+            f"| {_num(b.get('env_steps'), '.0f')} | {'baseline' if arm == base else _interval(c.get('env_steps_ratio'))} "
+            f"| {_num(b.get('generated_tokens'), '.0f')} | {_num(b.get('groups_admitted'), '.1f')} / {_num(b.get('groups_cut'), '.1f')} / "
+            f"{_num(b.get('groups_backfilled'), '.1f')} / {_num(b.get('groups_trained'), '.1f')} ({_num(b.get('informative_groups'), '.1f')}) "
+            f"| {_pct(b.get('zero_variance_fraction'))} | {_pct(b.get('slot_occupancy'))} |"
+        )
+    lines += ["", "## Quality", "",
+              "| arm | held-out seen before → after | unseen before → after | after − baseline (pp) | gate precision / recall |",
+              "|---|---|---|---|---|"]
+    for arm, b in arms.items():
+        delta = comps.get(arm, {}).get("heldout_after_delta")
+        delta_s = "baseline" if arm == base else (
+            "n/a" if delta is None else f"{delta['estimate'] * 100:+.1f} [{delta['ci_low'] * 100:+.1f}, {delta['ci_high'] * 100:+.1f}]")
+        lines.append(f"| {arm} | {_before_after(b, 'seen')} | {_before_after(b, 'unseen')} | {delta_s} "
+                     f"| {_pct(b.get('gate_precision'))} / {_pct(b.get('gate_recall'))} |")
+    if report["stop_rule"]["kind"] == "target_heldout":
+        lines += ["", f"## Time to held-out success ≥ {report['stop_rule']['target']:.0%}", "",
+                  "| arm | seconds (mean of seeds that reached it) | reached | × baseline |", "|---|---|---|---|"]
+        for arm, b in arms.items():
+            reached = sum(f.get("time_to_target_s") is not None for f in b["per_seed"].values())
+            ratio = "baseline" if arm == base else _interval(comps.get(arm, {}).get("time_to_target_ratio"))
+            lines.append(f"| {arm} | {_num(b.get('time_to_target_s'), '.1f')} | {reached}/{b['n']} | {ratio} |")
+    if report["missing"]:
+        lines += ["", "Not finished: " + ", ".join(f"{m['arm']} seed {m['seed']}" for m in report["missing"]) + "."]
+    if report["notes"]:
+        lines += ["", "## Notes", "", *[f"- {n}" for n in report["notes"]]]
+    lines += ["", "Plots: `curves.png` (held-out success vs wall seconds, mean of seeds, band = min..max), "
+              "`wall_ratio.png` (wall clock × baseline with its interval)."]
+    return "\n".join(lines) + "\n"

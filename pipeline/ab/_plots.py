@@ -1,0 +1,82 @@
+"""The study's PNG plots via matplotlib's Agg `Figure` (the `plot` extra; skipped with a note without it).
+
+    curves.png      held-out success vs GRPO wall seconds: per arm the mean over seeds (a seed holds its last
+                    measurement), shaded min..max, dots at the measurements
+    wall_ratio.png  each arm's wall clock x the baseline's, with its paired bootstrap interval
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._report import CurvePoint
+
+
+def step_values(curve: Sequence[CurvePoint], grid: np.ndarray) -> np.ndarray:
+    """The last held-out measurement at or before each grid time (NaN before the first) -> [T]."""
+    times = np.array([p.wall_s for p in curve])  # [P], sorted
+    values = np.array([p.mean for p in curve])  # [P]
+    idx = np.searchsorted(times, grid, side="right") - 1  # [T]
+    return np.where(idx >= 0, values[np.clip(idx, 0, None)], np.nan)
+
+
+def _figure() -> Any:
+    try:
+        from matplotlib.figure import Figure  # no pyplot: no global state
+    except ImportError:
+        return None
+    return Figure
+
+
+def write_plots(out_dir: Path, curves: Mapping[str, Sequence[Sequence[CurvePoint]]], report: Mapping[str, Any]) -> list[str]:
+    """Write the plots; returns the file names written (empty without matplotlib: pip install rollcut[plot])."""
+    figure = _figure()
+    if figure is None:
+        return []
+    written = []
+    if any(c for cs in curves.values() for c in cs):
+        _curves_png(figure, out_dir / "curves.png", curves)
+        written.append("curves.png")
+    if report["comparisons"]:
+        _ratio_png(figure, out_dir / "wall_ratio.png", report)
+        written.append("wall_ratio.png")
+    return written
+
+
+def _curves_png(figure: Any, path: Path, curves: Mapping[str, Sequence[Sequence[CurvePoint]]]) -> None:
+    fig = figure(figsize=(8, 4.5), layout="constrained")
+    ax = fig.subplots()
+    for arm, seeds in curves.items():
+        seeds = [c for c in seeds if c]
+        if not seeds:
+            continue
+        grid = np.linspace(0.0, max(c[-1].wall_s for c in seeds), 200)  # [T]
+        values = np.stack([step_values(c, grid) for c in seeds])  # [S, T]
+        (line,) = ax.plot(grid, np.nanmean(values, axis=0), label=f"{arm} (n={len(seeds)})", drawstyle="steps-post")
+        if len(seeds) > 1:
+            ax.fill_between(grid, np.nanmin(values, axis=0), np.nanmax(values, axis=0), step="post", alpha=0.2, color=line.get_color())
+        for c in seeds:  # the measurements themselves
+            ax.plot([p.wall_s for p in c], [p.mean for p in c], "o", markersize=3, alpha=0.6, color=line.get_color())
+    ax.set_xlabel("GRPO wall clock (s)")
+    ax.set_ylabel("held-out success (seen + unseen)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.savefig(path, dpi=110)
+
+
+def _ratio_png(figure: Any, path: Path, report: Mapping[str, Any]) -> None:
+    rows = [(arm, c["wall_ratio"]) for arm, c in report["comparisons"].items() if c.get("wall_ratio")]
+    fig = figure(figsize=(7, 1.2 + 0.45 * max(1, len(rows))), layout="constrained")
+    ax = fig.subplots()
+    for y, (_arm, r) in enumerate(rows):
+        ax.errorbar(r["estimate"], y, xerr=[[r["estimate"] - r["ci_low"]], [r["ci_high"] - r["estimate"]]], fmt="o", capsize=4)
+    ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_yticks(range(len(rows)), [f"{arm} (n={r['n_pairs']})" for arm, r in rows])
+    ax.set_xlabel(f"wall clock × {report['baseline']} ({report['bootstrap']['level']:.0%} CI, paired by seed)")
+    ax.grid(axis="x", alpha=0.3)
+    fig.savefig(path, dpi=110)

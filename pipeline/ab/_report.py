@@ -1,0 +1,199 @@
+"""The study's report: per-arm figures over seeds, paired ratios to the baseline arm, learning curves.
+
+Pure functions from finished runs (`RunRecord`: a summary.json and the held-out rows of metrics.jsonl)
+to one JSON-able dict; `report_markdown` renders it. Keys that an older or newer pipeline does not write
+come out as null and are named in `notes`, never guessed.
+
+`wall_s` here is the GRPO phase's wall clock (summary `grpo_wall_s`): the warm start (cached after a
+seed's first run, ~90 s when cold) and the held-out evaluations before and after are the same work in
+every arm and would only add noise. The whole job's time is `job_wall_s`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._stats import PairedInterval, mean_sd, paired_difference, paired_ratio
+
+# report key -> candidate paths in summary.json, first present wins (newer key names first)
+METRICS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "wall_s": (("grpo_wall_s",),),
+    "job_wall_s": (("wall_s",),),
+    "env_steps": (("env_steps",),),
+    "generated_tokens": (("generated_tokens",),),
+    "groups_admitted": (("groups_admitted",),),
+    "groups_cut": (("groups_cut",),),
+    "groups_backfilled": (("groups_backfilled",),),
+    "groups_trained": (("groups_trained",),),
+    "learner_updates": (("learner_updates",),),
+    "zero_variance_fraction": (("zero_variance_fraction",),),
+    "gate_precision": (("gate/precision",), ("gate_precision",)),
+    "gate_recall": (("gate/recall",), ("gate_recall",)),
+    "slot_occupancy": (("trajectory_slot_occupancy",), ("slot_occupancy",)),
+    "staleness_lag_max": (("staleness_lag_max",),),
+    "heldout_success_before": (("heldout_success_before",),),
+    "heldout_success_after": (("heldout_success_after",),),
+    "heldout_seen_before": (("heldout_before", "heldout_seen"),),
+    "heldout_unseen_before": (("heldout_before", "heldout_unseen"),),
+    "heldout_seen_after": (("heldout_after", "heldout_seen"),),
+    "heldout_unseen_after": (("heldout_after", "heldout_unseen"),),
+}
+RATIOS = {"wall_ratio": "wall_s", "env_steps_ratio": "env_steps", "generated_tokens_ratio": "generated_tokens",
+          "time_to_target_ratio": "time_to_target_s"}
+DIFFERENCES = {"heldout_after_delta": "heldout_success_after", "heldout_seen_after_delta": "heldout_seen_after",
+               "heldout_unseen_after_delta": "heldout_unseen_after"}
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    wall_s: float
+    mean: float
+    seen: float | None = None
+    unseen: float | None = None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    arm: str
+    seed: int
+    summary: Mapping[str, Any]
+    curve: tuple[CurvePoint, ...]
+    """Held-out success over the GRPO phase's wall clock: before (t = 0), periodic evaluations, after."""
+    periodic: bool
+    """Whether metrics.jsonl had periodic held-out rows (else the curve is before and after only)."""
+
+
+def _lookup(data: Mapping[str, Any], paths: tuple[tuple[str, ...], ...]) -> float | None:
+    for path in paths:
+        node: Any = data
+        for key in path:
+            node = node.get(key) if isinstance(node, Mapping) else None
+        if isinstance(node, int | float) and not isinstance(node, bool) and math.isfinite(node):
+            return float(node)
+    return None
+
+
+def curve_from(summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> tuple[tuple[CurvePoint, ...], bool]:
+    """Held-out points from metrics.jsonl rows (`heldout/mean` with `wall_s`), framed by before and after."""
+    def point(t: float | None, mean: float | None, seen: float | None, unseen: float | None) -> list[CurvePoint]:
+        return [CurvePoint(t, mean, seen, unseen)] if t is not None and mean is not None else []
+
+    periodic = [p for r in rows
+                for p in point(_lookup(r, (("wall_s",),)), _lookup(r, (("heldout/mean",),)),
+                               _lookup(r, (("heldout/seen",),)), _lookup(r, (("heldout/unseen",),)))]
+    before = point(0.0, *(_lookup(summary, METRICS[k]) for k in ("heldout_success_before", "heldout_seen_before", "heldout_unseen_before")))
+    after = point(_lookup(summary, METRICS["wall_s"]),
+                  *(_lookup(summary, METRICS[k]) for k in ("heldout_success_after", "heldout_seen_after", "heldout_unseen_after")))
+    return tuple(before + sorted(periodic, key=lambda p: p.wall_s) + after), bool(periodic)
+
+
+def read_run(arm: str, seed: int, run_dir: Path) -> RunRecord | None:
+    """A finished run's record; None when the folder has no summary.json (not run, or not finished)."""
+    if not (run_dir / "summary.json").is_file():
+        return None
+    summary = json.loads((run_dir / "summary.json").read_text())
+    metrics = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
+    curve, periodic = curve_from(summary, rows)
+    return RunRecord(arm, seed, summary, curve, periodic)
+
+
+def time_to_target(curve: Sequence[CurvePoint], target: float) -> float | None:
+    """Wall seconds of the first held-out measurement at or above `target` (None: never reached)."""
+    return next((p.wall_s for p in curve if p.mean >= target), None)
+
+
+def informative_groups(summary: Mapping[str, Any]) -> float | None:
+    """Training groups with reward variance handed to the learner (allocator counters): at equal updates
+    sync-grpo trains its zero-variance groups (no gradient) and the async arms drop them, so this differs."""
+    emitted = _lookup(summary, (("allocator_stats", "allocator/groups_trained"),))
+    zero = _lookup(summary, (("allocator_stats", "allocator/groups_trained_zero_variance"),))
+    return emitted - zero if emitted is not None and zero is not None else None
+
+
+def run_figures(record: RunRecord, target: float | None) -> dict[str, float | None]:
+    figures = {key: _lookup(record.summary, paths) for key, paths in METRICS.items()}
+    figures["informative_groups"] = informative_groups(record.summary)
+    if target is not None:
+        figures["time_to_target_s"] = time_to_target(record.curve, target)
+    return figures
+
+
+def _arm_block(records: Sequence[RunRecord], target: float | None) -> dict[str, Any]:
+    per_seed = {r.seed: run_figures(r, target) for r in sorted(records, key=lambda r: r.seed)}
+    keys = list(next(iter(per_seed.values()))) if per_seed else list(METRICS)
+    stats = {k: mean_sd([f[k] for f in per_seed.values()]) for k in keys}
+    return {
+        "seeds": list(per_seed),
+        "n": len(per_seed),
+        **{k: m for k, (m, _sd) in stats.items()},
+        "sd": {k: sd for k, (_m, sd) in stats.items()},
+        "per_seed": {str(s): f for s, f in per_seed.items()},
+        "stop_reasons": {str(r.seed): r.summary.get("stop_reason") for r in records},
+    }
+
+
+def _interval(value: PairedInterval | None) -> dict[str, Any] | None:
+    return value.to_json() if value is not None else None
+
+
+def _comparison(base: Mapping[int, Mapping[str, Any]], arm: Mapping[int, Mapping[str, Any]], resamples: int, level: float) -> dict[str, Any]:
+    def series(figs: Mapping[int, Mapping[str, Any]], key: str) -> dict[int, float | None]:
+        return {s: f.get(key) for s, f in figs.items()}
+
+    out = {name: _interval(paired_ratio(series(base, key), series(arm, key), resamples=resamples, level=level))
+           for name, key in RATIOS.items()}
+    out |= {name: _interval(paired_difference(series(base, key), series(arm, key), resamples=resamples, level=level))
+            for name, key in DIFFERENCES.items()}
+    return out
+
+
+def build_report(
+    records: Sequence[RunRecord],
+    *,
+    arms: Sequence[str],
+    seeds: Sequence[int],
+    baseline: str,
+    target: float | None = None,
+    resamples: int = 10_000,
+    level: float = 0.95,
+) -> dict[str, Any]:
+    """Everything report.json holds; `arms`/`seeds` are the plan (missing runs are listed, not invented)."""
+    by_arm = {a: [r for r in records if r.arm == a] for a in arms}
+    blocks = {a: _arm_block(rs, target) for a, rs in by_arm.items()}
+    per_seed = {a: {int(s): f for s, f in blocks[a]["per_seed"].items()} for a in arms}
+    comparisons = {a: _comparison(per_seed[baseline], per_seed[a], resamples, level) for a in arms if a != baseline}
+    done = {(r.arm, r.seed) for r in records}
+    return {
+        "baseline": baseline,
+        "wall_clock": "GRPO phase (summary grpo_wall_s); warm start and before/after evaluation excluded",
+        "stop_rule": {"kind": "target_heldout", "target": target} if target is not None else {"kind": "trained_groups"},
+        "bootstrap": {"paired_by": "seed", "resamples": resamples, "level": level, "method": "percentile"},
+        "arms": blocks,
+        "comparisons": comparisons,
+        "missing": [{"arm": a, "seed": s} for s in seeds for a in arms if (a, s) not in done],
+        "notes": _notes(records, blocks, target),
+    }
+
+
+def _notes(records: Sequence[RunRecord], blocks: Mapping[str, Any], target: float | None) -> list[str]:
+    notes = []
+    if records and not any(r.periodic for r in records):
+        notes.append("no periodic held-out rows (`heldout/mean` in metrics.jsonl): eval.every is 0 or this pipeline "
+                     "has no periodic evaluation, so each learning curve is its before and after points only")
+    absent = [k for k in METRICS if records and all(b.get(k) is None for b in blocks.values() if b["n"])]
+    if absent:
+        notes.append("no run reported " + ", ".join(f"`{k}`" for k in absent) + " (absent from summary.json, or "
+                     "not applicable: gate figures need a shadow gate, cut counts a cutting one)")
+    expected = "target_heldout" if target is not None else "updates"
+    for r in records:
+        reason = r.summary.get("stop_reason")
+        if reason not in (expected, "updates"):
+            notes.append(f"{r.arm} seed {r.seed} stopped by {reason!r}: it did not train the planned groups, "
+                         "so its figures are not comparable at equal work")
+    return notes

@@ -1,0 +1,191 @@
+"""Plan and run a study: every arm x seed as its own `run.py` process, interleaved by seed, resumable.
+
+    <out>/<name>/ab/
+        plan.json            arms (with their overrides), seeds, baseline, budget, stop rule
+        configs/<arm>-s<seed>.toml   the resolved config each run was started with
+        logs/<arm>-s<seed>.log       its stdout and stderr
+        <arm>-s<seed>/       its run folder (summary.json, metrics.jsonl, ...)
+        report.md, report.json, *.png
+
+A run is a child process (`run.py --config configs/<arm>-s<seed>.toml`): memory, threads and torch state
+never leak from one arm into the next, and a run folder with a `summary.json` is a finished run, which
+is all resuming needs. Seeds are the outer loop, so slow drift of a shared machine hits every arm alike.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import ConfigError, RunConfig, dump_toml
+
+from ._presets import Preset, toml_value
+
+Loader = Callable[[str | Path | None, Sequence[str]], RunConfig]
+"""`pipeline.job.load`: validates a config, names included (injected so this module stays a mechanism)."""
+
+HARNESS_KEYS = ("run.seed", "run.name", "run.out", "run.progress")
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    arm: str
+    seed: int
+    config_toml: str
+    """The resolved config, as written to configs/<name>.toml."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.arm}-s{self.seed}"
+
+
+@dataclass
+class Study:
+    ab_dir: Path
+    arms: list[Preset]
+    seeds: list[int]
+    baseline: str
+    runs: list[PlannedRun] = field(default_factory=list)
+
+
+def interleave(arms: Sequence[str], seeds: Sequence[int]) -> list[tuple[str, int]]:
+    """Seed-major order: seed 0 of every arm, then seed 1 of every arm, ..."""
+    return [(arm, seed) for seed in seeds for arm in arms]
+
+
+def run_overrides(budget: Preset | None, arm: Preset, user: Sequence[str], seed: int, ab_dir: Path) -> list[str]:
+    """Merge order: budget < arm < the user's --set < what the harness owns (seed, folder, no live line)."""
+    owned = [f"run.seed={seed}", f"run.name={toml_value(f'{arm.name}-s{seed}')}", f"run.out={toml_value(str(ab_dir))}",
+             "run.progress=false"]
+    return [*(budget.overrides if budget else ()), *arm.overrides, *user, *owned]
+
+
+def plan_study(
+    load: Loader, base: str | None, budget: Preset | None, arms: Sequence[Preset], seeds: Sequence[int],
+    user: Sequence[str], ab_dir: Path, baseline: str,
+) -> Study:
+    """Resolve and validate every arm x seed up front: one ConfigError lists every arm's problems."""
+    problems = [f"--set {item}: the harness sets this itself" for item in user if item.split("=")[0].strip() in HARNESS_KEYS]
+    problems += [] if baseline in {a.name for a in arms} else [f"baseline {baseline!r} is not one of the arms"]
+    study = Study(ab_dir, list(arms), list(seeds), baseline)
+    by_name = {a.name: a for a in arms}
+    for arm_name, seed in interleave([a.name for a in arms], seeds):
+        try:
+            cfg = load(base, run_overrides(budget, by_name[arm_name], user, seed, ab_dir))
+        except ConfigError as exc:
+            if seed == seeds[0]:  # the same problem would repeat for every seed
+                problems += [f"arm {arm_name}: {p}" for p in exc.problems]
+            continue
+        study.runs.append(PlannedRun(arm_name, seed, dump_toml(cfg)))
+    if problems:
+        raise ConfigError(problems)
+    return study
+
+
+def _comparable(config_toml: str) -> dict[str, Any]:
+    data = tomllib.loads(config_toml)
+    data.get("run", {}).pop("out", None)  # the study folder may have moved
+    return data
+
+
+def finished(ab_dir: Path, run: PlannedRun) -> bool:
+    """True when the run folder holds a summary.json written from this very config.
+
+    Raises:
+        ConfigError: the folder was finished with another config (changed arm, budget or --set).
+    """
+    folder = ab_dir / run.name
+    if not (folder / "summary.json").is_file():
+        return False
+    written = folder / "config.toml"
+    if not written.is_file() or _comparable(written.read_text()) != _comparable(run.config_toml):
+        raise ConfigError([f"{folder} was run with another config than this study now resolves "
+                           f"(changed arm, budget or --set?): use another --name, or remove that folder"])
+    return True
+
+
+def check_resumable(study: Study) -> list[PlannedRun]:
+    """The planned runs still to do; every finished run with a different config is one problem."""
+    todo, problems = [], []
+    for run in study.runs:
+        try:
+            if not finished(study.ab_dir, run):
+                todo.append(run)
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(problems)
+    return todo
+
+
+def _set_aside(folder: Path) -> None:
+    """An unfinished run folder (crash, Ctrl-C) is kept for its events.jsonl but out of the way."""
+    if folder.exists():
+        n = 1
+        while folder.with_name(f"{folder.name}.unfinished-{n}").exists():
+            n += 1
+        folder.rename(folder.with_name(f"{folder.name}.unfinished-{n}"))
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    run: PlannedRun
+    returncode: int
+    seconds: float
+
+
+def execute(run: PlannedRun, ab_dir: Path, command: Sequence[str]) -> RunOutcome:
+    """Run one arm x seed as a child process; Ctrl-C lets the child stop cleanly, then re-raises."""
+    (ab_dir / "configs").mkdir(parents=True, exist_ok=True)
+    (ab_dir / "logs").mkdir(exist_ok=True)
+    config_path = ab_dir / "configs" / f"{run.name}.toml"
+    config_path.write_text(run.config_toml)
+    _set_aside(ab_dir / run.name)
+    started = time.perf_counter()
+    with (ab_dir / "logs" / f"{run.name}.log").open("w") as log_file:
+        proc = subprocess.Popen([*command, "--config", str(config_path)], stdout=log_file, stderr=subprocess.STDOUT)
+        try:
+            returncode = proc.wait()
+        except KeyboardInterrupt:
+            _stop_child(proc)
+            raise
+    return RunOutcome(run, returncode, time.perf_counter() - started)
+
+
+def _stop_child(proc: subprocess.Popen[bytes]) -> None:
+    """A terminal's Ctrl-C reached the child too; a signal sent to the harness alone did not."""
+    for action, grace_s in ((None, 2.0), (signal.SIGINT, 15.0)):
+        if action is not None:
+            proc.send_signal(action)
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+    proc.kill()
+    proc.wait()
+
+
+def write_plan(study: Study, meta: dict[str, Any]) -> None:
+    study.ab_dir.mkdir(parents=True, exist_ok=True)
+    plan = {
+        "arms": [{"name": a.name, "file": str(a.path), "overrides": list(a.overrides), "description": a.description} for a in study.arms],
+        "seeds": study.seeds,
+        "baseline": study.baseline,
+        **meta,
+    }
+    (study.ab_dir / "plan.json").write_text(json.dumps(plan, indent=2) + "\n")
+
+
+def read_plan(ab_dir: Path) -> dict[str, Any]:
+    path = ab_dir / "plan.json"
+    if not path.is_file():
+        raise ConfigError([f"{ab_dir}: no plan.json (not a study folder made by `run.py ab`)"])
+    return json.loads(path.read_text())

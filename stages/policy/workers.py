@@ -1,0 +1,222 @@
+"""Decoding in worker processes: `policy.workers` copies of the policy, each its own server over ZeroMQ.
+
+The GIL lets one process decode on one core at a time; a pool of worker processes uses every core. Each
+worker (`python -m stages.policy.worker`) builds the same backend from the run's resolved config, gets the
+main process's current weights first, and serves `ActRequest`s from its own PULL socket; all workers push
+`ActReply`s to one PULL socket here. The pool is itself a `Policy`, so the rollout stage, evaluation and
+the learner do not know whether decoding is local or not:
+
+* `act()` sends the context as text to the worker with the fewest outstanding requests (the worker
+  builds the prompt, decodes, parses) and waits for its reply. The request's sampling number is assigned
+  here in call order, so results do not depend on which worker answers. A cancelled caller sends
+  `AbandonRequest`; the worker drops the request if its batch has not started.
+* `load_weights()` serialises the state once and sends it to every worker (applied between batches; each
+  reply carries the version that produced it).
+* `trainable()` is the local copy's (the learner trains in this process).
+
+Addresses are `ipc://` files in a private temporary folder: the same code runs across hosts with tcp
+addresses. A worker that dies stops the run with `PolicyWorkerDied` naming it (no silent restart); a
+worker also exits by itself if this process dies (it watches its parent), so no orphan is left behind.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+import trio
+
+from pipeline.messages import AbandonRequest, ActReply, ActRequest, LoadWeights, WorkerInbox, WorkerOutbox, WorkerReady
+from pipeline.stage import StageFailed
+from pipeline.transport import Context, open_context
+from stages.policy.base import ActResult, AgentContext, Policy, TrainableModel
+
+log = structlog.get_logger(__name__)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class PolicyWorkerDied(StageFailed):
+    """A decoding worker process exited while the run needed it."""
+
+
+class PolicyStopped(RuntimeError):
+    """`act()` was called while the pool is not serving, or it stopped before answering."""
+
+
+class PolicyWorkerError(RuntimeError):
+    """The worker raised while answering this request (fails that one trajectory)."""
+
+
+@dataclass(eq=False, slots=True)
+class _Pending:
+    worker: int
+    done: trio.Event = field(default_factory=trio.Event)
+    reply: ActReply | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatistics:
+    requests: int
+    answered: int
+    abandoned: int
+    generated_tokens: int
+    version: int
+    workers: int
+
+
+def serialise_weights(state: Mapping[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save({k: v.detach().cpu() for k, v in state.items()}, buffer)
+    return buffer.getvalue()
+
+
+def deserialise_weights(blob: bytes) -> dict[str, torch.Tensor]:
+    return torch.load(io.BytesIO(blob), weights_only=True)
+
+
+class WorkerPoolPolicy:
+    """Implements `stages.policy.base.Policy` over `workers` decoding processes."""
+
+    def __init__(self, local: Policy, config_toml: str, *, workers: int, weights: Mapping[str, Any]) -> None:
+        if workers < 1:
+            raise ValueError("a worker pool needs at least one worker")
+        self.version = local.version
+        self.workers = workers
+        self._local = local
+        self._config_toml = config_toml
+        self._weights = serialise_weights(weights)
+        self._inboxes: list[trio.MemorySendChannel[WorkerInbox]] = []
+        self._outstanding = [0] * workers
+        self._pending: dict[int, _Pending] = {}
+        self._next_id = 0
+        self._requests = 0
+        self._serving = False
+        self._stats = {"answered": 0, "abandoned": 0, "generated_tokens": 0}
+
+    # ----------------------------------------------------------------------------------------------
+    # Policy protocol
+
+    async def act(self, context: AgentContext, *, greedy: bool = False, number: int | None = None) -> ActResult:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if not self._serving:
+            raise PolicyStopped("WorkerPoolPolicy.serve() is not running")
+        request_id, number = self._next_id, self._requests if number is None else number
+        self._next_id += 1
+        self._requests += 1
+        worker = min(range(self.workers), key=self._outstanding.__getitem__)
+        pending = self._pending[request_id] = _Pending(worker)
+        self._outstanding[worker] += 1
+        try:
+            self._post(worker, ActRequest(
+                request_id=request_id, task=context.task, observation=context.observation,
+                admissible=list(context.admissible), history=list(context.history), greedy=greedy, number=number,
+            ))
+            await pending.done.wait()
+        finally:
+            self._outstanding[worker] -= 1
+            del self._pending[request_id]
+            if pending.reply is None and self._serving:  # the caller was cancelled: free the worker's slot
+                self._stats["abandoned"] += 1
+                self._post(worker, AbandonRequest(request_id=request_id))
+        reply = pending.reply
+        if reply is None:
+            raise PolicyStopped("the decoding workers stopped before answering")
+        if reply.error:
+            raise PolicyWorkerError(f"decoding worker {reply.worker}: {reply.error}")
+        return ActResult(
+            action=reply.action, text=reply.text, prompt_ids=reply.prompt_ids, token_ids=reply.token_ids,
+            logprobs=reply.logprobs, policy_version=reply.policy_version,
+        )
+
+    def load_weights(self, version: int, state: Mapping[str, Any]) -> None:
+        self._weights = serialise_weights(state)
+        self.version = version
+        for worker in range(len(self._inboxes)):
+            self._post(worker, LoadWeights(version=version, weights=self._weights))
+
+    def trainable(self) -> TrainableModel:
+        return self._local.trainable()
+
+    def statistics(self) -> PoolStatistics:
+        return PoolStatistics(requests=self._requests, **self._stats, version=self.version, workers=self.workers)
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._inboxes, self._outstanding = [], [0] * self.workers
+        with tempfile.TemporaryDirectory(prefix="rollcut-workers-") as folder:
+            config = Path(folder) / "config.toml"
+            config.write_text(self._config_toml)
+            async with open_context() as zmq, trio.open_nursery() as nursery:
+                outbox = zmq.socket("pull", f"ipc://{folder}/out", bind=True, receives=WorkerOutbox)
+                for worker in range(self.workers):
+                    send, receive = trio.open_memory_channel[WorkerInbox](4096)
+                    self._inboxes.append(send)
+                    await nursery.start(self._forward, zmq, f"ipc://{folder}/in-{worker}", receive)
+                    nursery.start_soon(self._run_worker, worker, config, folder)
+                try:
+                    await self._wait_ready(outbox)
+                    for worker in range(self.workers):
+                        self._post(worker, LoadWeights(version=self.version, weights=self._weights))
+                    self._serving = True
+                    task_status.started()
+                    await self._dispatch(outbox)
+                finally:
+                    self._serving = False
+                    for pending in self._pending.values():
+                        pending.done.set()  # no reply: PolicyStopped in act()
+                    nursery.cancel_scope.cancel()
+
+    # ----------------------------------------------------------------------------------------------
+
+    def _post(self, worker: int, message: WorkerInbox) -> None:
+        try:
+            self._inboxes[worker].send_nowait(message)
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError) as exc:
+            raise PolicyStopped(f"cannot reach decoding worker {worker}: {type(exc).__name__}") from exc
+
+    async def _forward(self, zmq: Context, address: str, receive: trio.MemoryReceiveChannel[WorkerInbox], *,
+                       task_status: trio.TaskStatus[None]) -> None:
+        """Own one worker's PUSH socket: everything for that worker goes through here."""
+        push = zmq.socket("push", address, bind=True)
+        async with push, receive:
+            task_status.started()
+            async for message in receive:
+                await push.send(message)
+
+    async def _run_worker(self, worker: int, config: Path, folder: str) -> None:
+        command = [
+            sys.executable, "-m", "stages.policy.worker", "--config", str(config), "--index", str(worker),
+            "--inbox", f"ipc://{folder}/in-{worker}", "--outbox", f"ipc://{folder}/out",
+        ]
+        env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        process = await trio.run_process(command, check=False, cwd=ROOT, env=env)
+        raise PolicyWorkerDied("policy", f"decoding worker {worker} exited with code {process.returncode} (its stderr is above)")
+
+    async def _wait_ready(self, outbox: Any) -> None:
+        ready: set[int] = set()
+        while len(ready) < self.workers:
+            message = await outbox.receive()
+            if isinstance(message, WorkerReady):
+                ready.add(message.worker)
+        log.info("policy.workers_ready", workers=self.workers)
+
+    async def _dispatch(self, outbox: Any) -> None:
+        async for message in outbox:
+            match message:
+                case ActReply(request_id=rid):
+                    pending = self._pending.get(rid)
+                    if pending is not None:
+                        pending.reply = message
+                        pending.done.set()
+                        self._stats["answered"] += 1
+                        self._stats["generated_tokens"] += len(message.token_ids)
+                case WorkerReady():
+                    pass

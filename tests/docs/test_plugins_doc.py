@@ -1,0 +1,46 @@
+"""The stage written in docs/plugins.md works as the page says: it reads the decoded event stream, sees
+every event up to `PhaseFinished` (the last `WeightsPublished` included) and returns on its own."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import trio
+
+from pipeline.config import TransportSection
+from pipeline.messages import CancelGroup, GroupResult, PhaseFinished, WeightsPublished
+from pipeline.profiling import Profiler
+from pipeline.stage import StageContext
+from pipeline.transport import open_context
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
+
+
+def _stage_class():
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
+    (code,) = [b for b in blocks if "async def run" in b and "import" in b]
+    namespace: dict = {}
+    exec(compile(code, str(DOC), "exec"), namespace)
+    return namespace["CutCounter"]
+
+
+async def test_the_documented_stage_counts_everything_and_returns_at_phase_finished(tmp_path):
+    stage = _stage_class()()
+    addresses = TransportSection(events="inproc://doc-events")
+    async with open_context() as zmq:
+        pub = zmq.socket("pub", addresses.events, bind=True)
+        ctx = StageContext(zmq=zmq, addresses=addresses, run_dir=tmp_path, profiler=Profiler(enabled=False))
+        async with pub, trio.open_nursery() as nursery:
+            await nursery.start(stage.run, ctx)
+            await trio.sleep(0.05)  # PUB/SUB: let the subscription reach the publisher
+            for gid in range(3):
+                await pub.send(GroupResult(group_id=gid, task_id="t", trajectories=[], cut=gid == 1))
+            await pub.send(CancelGroup(group_id=1, reason="r", gate="g", value=0.0))
+            await pub.send(WeightsPublished(version=4, groups_trained=8, published_at=0.0))
+            await pub.send(PhaseFinished(updates=4, stop_reason="updates"))
+            with trio.fail_after(10):
+                while nursery.child_tasks:
+                    await trio.sleep(0.01)
+    assert json.loads((tmp_path / "cuts.json").read_text()) == {"groups": 3, "cut": 1, "cancels": 1, "versions": 4}

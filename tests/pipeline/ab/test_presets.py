@@ -1,0 +1,70 @@
+from pathlib import Path
+
+import pytest
+
+from pipeline.ab._presets import find_presets, flatten, list_presets, load_preset
+from pipeline.config import ConfigError, merge_overrides
+from pipeline.job import load
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+ARMS = list_presets(CONFIGS / "arms")
+BUDGETS = list_presets(CONFIGS / "budgets")
+
+
+def test_the_issue_s_arms_and_budgets_ship():
+    assert {"sync-grpo", "async-grpo", "gate", "gate-shadow", "dapo", "greso", "pilot-commit", "vip", "aero",
+            "composed"} <= {a.name for a in ARMS}
+    assert {"tiny", "default"} <= {b.name for b in BUDGETS}
+    assert all(p.description for p in ARMS + BUDGETS)
+
+
+@pytest.mark.parametrize("budget", BUDGETS, ids=lambda p: p.name)
+@pytest.mark.parametrize("arm", ARMS, ids=lambda p: p.name)
+def test_every_arm_validates_under_every_budget(arm, budget):
+    load(None, [*budget.overrides, *arm.overrides])
+
+
+@pytest.mark.parametrize("budget", BUDGETS, ids=lambda p: p.name)
+def test_sync_grpo_is_lockstep_under_every_budget(budget):
+    # max_staleness 0: at most B groups outstanding until an update consumes them; zero-variance groups
+    # are trained, not dropped (a drop would free budget mid-batch); B x G slots let all B start together.
+    sync = next(a for a in ARMS if a.name == "sync-grpo")
+    cfg = load(None, [*budget.overrides, *sync.overrides])
+    assert cfg.learner.max_staleness == 0
+    assert cfg.learner.drop_zero_variance is False
+    assert cfg.gate.enabled is False
+    assert cfg.rollout.slots >= cfg.learner.batch_groups * cfg.rollout.group_size
+
+
+def test_history_based_allocators_see_prompts_recur_on_the_default_budget():
+    cfg = load(None, list(next(b for b in BUDGETS if b.name == "default").overrides))
+    trained_groups = cfg.run.updates * cfg.learner.batch_groups
+    assert 0 < cfg.env.train_tasks and trained_groups / cfg.env.train_tasks >= 3
+
+
+def test_flatten_round_trips_through_the_override_merge():
+    data = {
+        "run": {"name": 'say "hi"\\', "updates": 3, "max_wall_s": 1.5e-3, "progress": False},
+        "allocator": {"name": "greso", "options": {"p_easy": 0.3, "nested": {"x": [1, 2]}}},
+        "gate": {"checkpoints": [], "options": {}},
+        "stages": [{"target": "examples.jsonl_writer:JsonlWriter", "options": {"path": "a.jsonl"}}],
+    }
+    overrides = flatten(data)
+    assert "allocator.options.p_easy=0.3" in overrides  # key by key: other options of the base survive
+    assert merge_overrides({}, overrides) == data
+
+
+def test_unknown_and_repeated_arms_are_all_reported(tmp_path):
+    (tmp_path / "a.toml").write_text("# First line\n#   second\n[gate]\nenabled = false\n")
+    with pytest.raises(ConfigError) as info:
+        find_presets(["a", "nope", "zilch", "a"], tmp_path, "arm")
+    text = "\n".join(info.value.problems)
+    assert "'nope'" in text and "'zilch'" in text and "known arms: a" in text and "'a' is given twice" in text
+    preset = find_presets([str(tmp_path / "a.toml")], tmp_path / "elsewhere", "arm")[0]
+    assert (preset.name, preset.overrides, preset.description) == ("a", ("gate.enabled=false",), "First line second")
+
+
+def test_bad_toml_is_a_config_error(tmp_path):
+    (tmp_path / "bad.toml").write_text("[gate\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_preset(tmp_path / "bad.toml")

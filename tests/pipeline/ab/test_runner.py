@@ -1,0 +1,160 @@
+"""The harness end to end with a fake `run.py` (a script that writes a run folder at once): order,
+resume, unfinished folders, failures, changed configs. The real pipeline runs in test_run_ab_integration."""
+
+import json
+import sys
+import textwrap
+
+import pytest
+
+from pipeline.ab import main
+from pipeline.ab._presets import find_presets
+from pipeline.ab._runner import interleave, plan_study
+from pipeline.config import load_config
+
+FAKE_RUN = textwrap.dedent('''
+    import json, os, sys, tomllib
+    from pathlib import Path
+    config = Path(sys.argv[sys.argv.index("--config") + 1])
+    cfg = tomllib.loads(config.read_text())
+    name, seed = cfg["run"]["name"], cfg["run"]["seed"]
+    with open(os.environ["AB_ORDER_LOG"], "a") as f:
+        f.write(name + "\\n")
+    folder = Path(cfg["run"]["out"]) / name
+    folder.mkdir()
+    (folder / "config.toml").write_text(config.read_text())
+    if name in os.environ.get("AB_FAIL", "").split(","):
+        sys.exit(3)
+    fast = 0.5 if cfg["gate"]["enabled"] else 1.0
+    rows = [{"iteration": 1, "wall_s": 5.0, "heldout/mean": 0.5, "heldout/seen": 0.5, "heldout/unseen": 0.5}]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in rows))
+    (folder / "summary.json").write_text(json.dumps({
+        "stop_reason": "updates", "grpo_wall_s": 10.0 * (1 + seed) * fast, "wall_s": 20.0, "env_steps": 100,
+        "groups_cut": 0, "groups_trained": 8, "heldout_success_before": 0.25, "heldout_success_after": 0.5,
+        "heldout_before": {"heldout_seen": 0.25, "heldout_unseen": 0.25},
+        "heldout_after": {"heldout_seen": 0.5, "heldout_unseen": 0.5}}))
+''')
+
+
+def _load(path, overrides):
+    return load_config(path, overrides)
+
+
+@pytest.fixture
+def study(tmp_path, monkeypatch):
+    configs = tmp_path / "configs"
+    (configs / "arms").mkdir(parents=True)
+    (configs / "budgets").mkdir()
+    (configs / "arms" / "plain.toml").write_text("# no gate\n[gate]\nenabled = false\n")
+    (configs / "arms" / "gated.toml").write_text("# gate\n[gate]\nenabled = true\n")
+    (configs / "budgets" / "small.toml").write_text("# small\n[run]\nupdates = 1\n")
+    fake = tmp_path / "fake_run.py"
+    fake.write_text(FAKE_RUN)
+    order = tmp_path / "order.log"
+    monkeypatch.setenv("AB_ORDER_LOG", str(order))
+
+    def run(*extra: str) -> int:
+        argv = ["--arms", "plain,gated", "--seeds", "0,1", "--budget", "small", "--out", str(tmp_path / "runs"), *extra]
+        return main(argv, load=_load, command=[sys.executable, str(fake)], configs=configs)
+
+    def ran() -> list[str]:
+        names = order.read_text().split() if order.exists() else []
+        order.write_text("")
+        return names
+
+    return run, ran, tmp_path / "runs" / "ab-small" / "ab"
+
+
+def test_interleave_is_seed_major():
+    assert interleave(["a", "b"], [0, 1]) == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
+
+
+def test_runs_interleaved_then_resumes_without_rerunning(study):
+    run, ran, ab_dir = study
+    assert run() == 0
+    assert ran() == ["plain-s0", "gated-s0", "plain-s1", "gated-s1"]
+    report = json.loads((ab_dir / "report.json").read_text())
+    assert report["baseline"] == "plain"
+    assert report["comparisons"]["gated"]["wall_ratio"]["estimate"] == pytest.approx(0.5)
+    assert report["comparisons"]["gated"]["wall_ratio"]["seeds"] == [0, 1]
+    assert report["missing"] == []
+    assert {"report.md", "curves.png", "wall_ratio.png", "plan.json"} <= {p.name for p in ab_dir.iterdir()}
+
+    assert run() == 0
+    assert ran() == []  # every arm x seed has its summary.json
+
+
+def test_an_unfinished_run_is_set_aside_and_rerun_alone(study):
+    run, ran, ab_dir = study
+    assert run() == 0
+    ran()
+    (ab_dir / "gated-s1" / "summary.json").unlink()  # as if killed before the end
+    assert run() == 0
+    assert ran() == ["gated-s1"]
+    assert (ab_dir / "gated-s1.unfinished-1" / "config.toml").exists()
+    assert (ab_dir / "gated-s1" / "summary.json").exists()
+
+
+def test_a_failed_run_does_not_stop_the_others(study, monkeypatch):
+    run, ran, ab_dir = study
+    monkeypatch.setenv("AB_FAIL", "plain-s0")
+    assert run() == 1
+    assert ran() == ["plain-s0", "gated-s0", "plain-s1", "gated-s1"]
+    report = json.loads((ab_dir / "report.json").read_text())
+    assert report["missing"] == [{"arm": "plain", "seed": 0}]
+    assert report["comparisons"]["gated"]["wall_ratio"]["seeds"] == [1]  # pairs only where both finished
+
+
+def test_a_changed_config_refuses_to_mix_runs(study, capsys):
+    run, ran, ab_dir = study
+    assert run() == 0
+    ran()
+    assert run("--set", "run.updates=2") == 2
+    assert ran() == []
+    assert "was run with another config" in capsys.readouterr().err
+
+
+def test_bad_usage_runs_nothing_and_lists_every_problem(study, capsys):
+    run, ran, ab_dir = study
+    assert run("--arms", "plain,nope", "--set", "run.seed=4") == 2
+    assert "arm 'nope'" in capsys.readouterr().err
+    assert run("--set", "run.seed=4", "--set", "gate.tau=-1", "--baseline", "zzz") == 2
+    err = capsys.readouterr().err
+    assert "run.seed=4: the harness sets this itself" in err
+    assert "arm plain: gate.tau must be >= 0" in err and "arm gated: gate.tau must be >= 0" in err
+    assert "baseline 'zzz'" in err
+    assert run("--seeds", "0,x") == 2
+    assert ran() == [] and not ab_dir.exists()
+
+
+def test_plan_merges_budget_then_arm_then_user(tmp_path):
+    (tmp_path / "b.toml").write_text("[gate]\nk = 3\ntau = 0.1\n")
+    (tmp_path / "a.toml").write_text("[gate]\ntau = 0.2\n")
+    budget, arm = find_presets([str(tmp_path / "b.toml"), str(tmp_path / "a.toml")], tmp_path, "preset")
+    study = plan_study(_load, None, budget, [arm], [5], ["gate.k=4"], tmp_path / "ab", "a")
+    (tmp_path / "resolved.toml").write_text(study.runs[0].config_toml)
+    resolved = load_config(tmp_path / "resolved.toml", [])
+    assert (resolved.gate.k, resolved.gate.tau, resolved.run.seed, resolved.run.progress) == (4, 0.2, 5, False)
+    assert resolved.run.name == "a-s5" and resolved.run.out == str(tmp_path / "ab")
+
+
+def test_target_rule_sets_the_stop_and_compares_time_to_reach_it(study, capsys):
+    run, ran, ab_dir = study
+    assert run("--target-heldout", "0.5", "--eval-every", "3") == 0
+    assert len(ran()) == 4
+    cfg = load_config(ab_dir / "configs" / "gated-s1.toml", [])
+    assert (cfg.run.target_heldout, cfg.eval.every) == (0.5, 3)
+    report = json.loads((ab_dir / "report.json").read_text())
+    assert report["stop_rule"] == {"kind": "target_heldout", "target": 0.5}
+    assert report["comparisons"]["gated"]["time_to_target_ratio"]["estimate"] == pytest.approx(1.0)  # both at 5 s
+    assert run("--name", "other", "--target-heldout", "1.5") == 2
+    assert "run.target_heldout must be in [0, 1]" in capsys.readouterr().err
+
+
+def test_report_of_a_folder_that_is_no_study_exits_2_and_list_names_the_presets(study, tmp_path, capsys):
+    configs = tmp_path / "configs"
+    assert main(["report", str(tmp_path)], load=_load, command=[], configs=configs) == 2
+    assert "no plan.json" in capsys.readouterr().err
+    assert main(["list"], load=_load, command=[], configs=configs) == 0
+    out = capsys.readouterr().out
+    assert "plain" in out and "no gate" in out and "small" in out

@@ -1,0 +1,144 @@
+"""Decoding worker processes: the pool answers exactly what one in-process policy answers, loads weights
+by version, drops abandoned requests, and a dead worker stops the run with its name."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+import trio
+
+from pipeline.job import build_policy, build_suite, load
+from stages.policy.base import AgentContext
+from stages.policy.workers import PolicyWorkerDied, WorkerPoolPolicy
+
+OVERRIDES = [
+    "env.max_steps=8",
+    "gate.k=4",
+    "pretrain.enabled=false",
+    "policy.max_new_tokens=8",
+    "policy.options={layers = 1, d_model = 32, heads = 2, max_len = 128, max_prompt_tokens = 100}",
+]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    cfg = load(None, OVERRIDES)
+    suite = build_suite(cfg)
+    tasks = list(suite.tasks("train"))[:6]
+    contexts = []
+    for task in tasks:
+        env = suite.make()
+        obs = env.reset(task)
+        contexts.append(AgentContext(task.description, obs.text, obs.admissible, ()))
+        env.close()
+    return cfg, suite, contexts
+
+
+async def _answers(policy, contexts, numbers):
+    results = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(policy.serve)
+
+        async def one(i, ctx, number):
+            results[i] = await policy.act(ctx, number=number)
+
+        async with trio.open_nursery() as calls:
+            for i, (ctx, number) in enumerate(zip(contexts, numbers, strict=True)):
+                calls.start_soon(one, i, ctx, number)
+        nursery.cancel_scope.cancel()
+    return [results[i] for i in range(len(contexts))]
+
+
+@pytest.mark.slow
+def test_the_pool_answers_what_one_local_policy_answers(setup):
+    cfg, suite, contexts = setup
+    numbers = list(range(len(contexts)))
+    local = build_policy(cfg, suite, workers=1)
+    pool = build_policy(cfg, suite, workers=2)
+    assert isinstance(pool, WorkerPoolPolicy)
+    expected = trio.run(_answers, local, contexts, numbers)
+    got = trio.run(_answers, pool, contexts, numbers)
+    assert [r.token_ids for r in got] == [r.token_ids for r in expected]
+    assert [r.action for r in got] == [r.action for r in expected]
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+    assert pool.statistics().answered == len(contexts)
+
+
+@pytest.mark.slow
+def test_weights_reach_every_worker_by_version(setup):
+    cfg, suite, contexts = setup
+    pool = build_policy(cfg, suite, workers=2)
+    state = {k: v + 0.5 for k, v in pool.trainable().state_dict().items()}
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.serve)
+            before = [await pool.act(c, greedy=True) for c in contexts[:2]]
+            pool.load_weights(3, state)
+            after = await _answers_live(pool, contexts * 2)
+            nursery.cancel_scope.cancel()
+        return before, after
+
+    before, after = trio.run(main)
+    assert {r.policy_version for r in before} == {0}
+    assert {r.policy_version for r in after} == {3}  # both workers (requests spread across them)
+
+
+async def _answers_live(pool, contexts):
+    out = []
+
+    async def one(ctx):
+        out.append(await pool.act(ctx, greedy=True))
+
+    async with trio.open_nursery() as calls:
+        for ctx in contexts:
+            calls.start_soon(one, ctx)
+    return out
+
+
+@pytest.mark.slow
+def test_a_dead_worker_stops_the_pool_with_its_name(setup):
+    cfg, suite, contexts = setup
+    pool = build_policy(cfg, suite, workers=2)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.serve)
+            for pid in _worker_pids():
+                os.kill(pid, signal.SIGKILL)
+                break
+            await trio.sleep_forever()
+
+    with pytest.raises(BaseException) as info:  # noqa: PT011 (inside exception groups)
+        trio.run(main)
+    text = repr(info.value)
+    assert "PolicyWorkerDied" in text or isinstance(info.value, PolicyWorkerDied)
+    assert "decoding worker" in str(_find(info.value, PolicyWorkerDied))
+
+
+def _find(exc, kind):
+    if isinstance(exc, kind):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        if (found := _find(inner, kind)) is not None:
+            return found
+    return None
+
+
+def _worker_pids():
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            if int(fields[1]) == me and b"stages.policy.worker" in cmdline:
+                yield int(entry)
