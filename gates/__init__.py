@@ -14,7 +14,15 @@ from .prefix import ShadowLedger as ShadowLedger
 from .prefix import decide as decide
 from .prefix import mean_prefix_edit_distance as mean_prefix_edit_distance
 
-GATES = Registry("gates", {"prefix_edit_distance": "gates.prefix:PrefixEditDistanceGate"})
+GATES = Registry(
+    "gates",
+    {
+        "prefix_edit_distance": "gates.prefix:PrefixEditDistanceGate",
+        "stall": "gates.stall:StallGate",
+        "all_of": "gates.combined:AllOfGate",
+        "any_of": "gates.combined:AnyOfGate",
+    },
+)
 
 __all__ = [
     "END",

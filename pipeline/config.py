@@ -116,10 +116,11 @@ class RolloutSection(_Section):
 class GateSection(_Section):
     enabled: bool = True
     name: str = "prefix_edit_distance"
-    k: int = 10
-    tau: float = 0.6
+    k: int = 12
+    tau: float = 0.5
     """Cut iff d_K < tau. The reference's 0.12 (a 7B model) never fires with the tiny default policy,
-    whose prefixes are far more diverse; 0.6 is calibrated on it (bench/calibrate_gate.py)."""
+    whose prefixes are far more diverse; K=12, tau=0.5 saves most at precision >= 0.8 on this workload
+    (docs/gate.md, bench/calibrate_gate.py). The stall gate (configs/stall.toml) saves far more."""
     checkpoints: list[int] = []
     """Extra checkpoints K (besides `k`) at which the gate is evaluated; empty = only `k`."""
     shadow: bool = False

@@ -60,6 +60,11 @@ class StepEvent(_Message):
     reward: float
     """Reward accumulated so far in this episode."""
     policy_version: int
+    admissible: bool = True
+    """The action was one of the environment's admissible commands at this step (or none were listed)."""
+    new_observation: bool = True
+    """The observation this step produced had not been seen before in this episode (False: a loop or a
+    no-op such as "Nothing happens.")."""
 
 
 class RolloutFailed(_Message):

@@ -219,6 +219,7 @@ class RolloutStage:
         with self.profiler.span("rollout", "env_reset"):
             observation = env.reset(task)
         history: list[tuple[str, str]] = []
+        seen = {observation.text}
         for step_index in range(self.suite.max_steps):
             context = AgentContext(
                 task=task.description,
@@ -252,8 +253,11 @@ class RolloutStage:
                     done=done,
                     reward=record.reward,
                     policy_version=act.policy_version,
+                    admissible=record.turns[-1].admissible,
+                    new_observation=result.observation.text not in seen,
                 )
             )
+            seen.add(result.observation.text)
             history.append((observation.text, act.action))
             observation = result.observation
             if done:

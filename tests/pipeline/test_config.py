@@ -8,7 +8,7 @@ from pipeline.config import ConfigError, RunConfig, dump_toml, load_config, pars
 def test_defaults_load():
     cfg = load_config()
     assert cfg == RunConfig()
-    assert cfg.gate.k == 10 and cfg.gate.tau == 0.6 and cfg.rollout.group_size == 8
+    assert cfg.gate.k == 12 and cfg.gate.tau == 0.5 and cfg.rollout.group_size == 8
 
 
 def test_overrides_are_typed_from_toml_syntax():

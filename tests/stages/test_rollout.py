@@ -157,6 +157,35 @@ async def test_an_outside_cancel_propagates_and_is_not_a_cut(autojump_clock):
     assert all(env.closed for env in suite.envs)
 
 
+class NoOpEnv(CountingEnv):
+    """Every step says "Nothing happens." (and never ends by itself)."""
+
+    def step(self, action):
+        self.steps += 1
+        return StepResult(Observation(text="Nothing happens.", admissible=("count",)), 0.0, False, False)
+
+
+class JumpingPolicy(SlowPolicy):
+    async def act(self, context, *, greedy=False):
+        await super().act(context, greedy=greedy)
+        return ActResult(action="jump", text="jump", prompt_ids=[1], token_ids=[2], logprobs=[-0.1], policy_version=self.version)
+
+
+async def test_step_events_say_whether_the_action_was_admissible_and_the_observation_new(autojump_clock):
+    suite = Suite(win_at=3)
+    stage, receive = _stage(suite, SlowPolicy(delay=0.0))
+    await stage.run_group(1, "t0", 2)
+    steps = [e for e in _drain(receive) if isinstance(e, StepEvent)]
+    assert all(e.admissible and e.new_observation for e in steps)  # "count" is admissible; "at 1", "at 2"... are new
+
+    looping = Suite(max_steps=3)
+    looping.make = lambda: NoOpEnv(looping.envs)
+    stage, receive = _stage(looping, JumpingPolicy(delay=0.0))
+    await stage.run_group(2, "t0", 1)
+    steps = [e for e in _drain(receive) if isinstance(e, StepEvent)]
+    assert [(e.admissible, e.new_observation) for e in steps] == [(False, True), (False, False), (False, False)]
+
+
 class _CancelOnLastClose(Suite):
     """The last episode to close asks for a cut: every member has ended, the group has not returned yet."""
 

@@ -1,0 +1,65 @@
+"""The stall gate: cut a group whose members are getting nowhere (no reward, no progress) at checkpoint K.
+
+A step makes *progress* when its action was admissible and its observation had not been seen before in the
+episode (`StepEvent.admissible`, `StepEvent.new_observation`): "Nothing happens.", walking back to a place
+already described, opening what is open... all fail it. On the household workload almost every
+zero-variance group is all-fail, and an all-fail group's members wander: their late steps repeat.
+
+s_K = the fraction of progress steps among the last `window` steps (up to step K) of every member still
+running, or 1.0 (never cut) when some member already has reward (the group can no longer be all-fail) or
+no member is still running. Cut iff s_K < tau; checkpoints as the prefix gate's (`gates._checkpoints`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipeline.messages import StepEvent
+
+from ._checkpoints import CheckpointGate
+
+
+def progress_fraction(steps: Sequence[Sequence[StepEvent]], k: int, window: int) -> float:
+    """s_K: progress steps / steps in each running member's last `window` steps before step k.
+
+    Args:
+        steps: [G][steps so far] each member's events in step order.
+        k: the checkpoint; only steps with step_index < k count.
+        window: how many of each member's latest steps count (>= 1).
+
+    Returns:
+        A float in [0, 1]; 1.0 when a member has reward or none is still running at k.
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    progress = total = 0
+    for member in steps:
+        prefix = member[:k]
+        if not prefix:
+            continue
+        if prefix[-1].reward > 0:
+            return 1.0  # a member already succeeded: not an all-fail group
+        if prefix[-1].done:
+            continue  # ended without reward before k: no say in whether the rest are stuck
+        for event in prefix[-window:]:
+            progress += event.admissible and event.new_observation
+            total += 1
+    return progress / total if total else 1.0
+
+
+class StallGate(CheckpointGate):
+    """Cut iff s_K (`progress_fraction`) < tau at a checkpoint K. Options: `window` (default 5)."""
+
+    name = "stall"
+
+    def __init__(self, *, k: int = 15, tau: float = 0.3, checkpoints: Sequence[int] = (), window: int = 5) -> None:
+        super().__init__(k=k, tau=tau, checkpoints=checkpoints)
+        if not isinstance(window, int) or window < 1:
+            raise ValueError(f"stall gate: window must be an integer >= 1, got {window!r}")
+        self.window = window
+
+    def statistic(self, steps: Sequence[Sequence[StepEvent]], k: int) -> float:
+        return progress_fraction(steps, k, self.window)
+
+    def describe(self, value: float, k: int, cut: bool) -> str:
+        return f"progress in the last {self.window} steps s_{k}={value:.3f} {'<' if cut else '>='} tau={self.tau}"
