@@ -6,6 +6,7 @@
     python run.py pretrain                         # behaviour-clone (or load the cached) warm start, report held-out success
     python run.py profile runs/default             # print the per-stage table of an existing run
     python run.py check --config FILE.toml         # validate a config and print it resolved
+    python run.py make-model models/tiny-llama     # a small local Llama + tokenizer for policy.backend=vllm
 
 Exit codes: 0 done, 2 bad configuration or usage, 130 interrupted (Ctrl-C).
 """
@@ -28,6 +29,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["make-model"]:
+        from stages.policy.vllm import make_model_main
+
+        return make_model_main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "profile":
         return _profile(args.run_dir)

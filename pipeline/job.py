@@ -40,7 +40,10 @@ log = structlog.get_logger(__name__)
 def name_checks(cfg: RunConfig) -> list[str]:
     """Every configured name that does not resolve, for `load_config(extra_checks=...)`."""
     problems = ENVS.check(cfg.env.name, "env.name")
-    problems += POLICIES.check(cfg.policy.backend, "policy.backend")
+    policy_problems = POLICIES.check(cfg.policy.backend, "policy.backend")
+    if not policy_problems:  # a backend may validate its own section (`build.check`): vllm's install, model
+        policy_problems = getattr(POLICIES.get(cfg.policy.backend), "check", lambda _: [])(cfg.policy)
+    problems += policy_problems
     problems += GATES.check(cfg.gate.name, "gate.name")
     problems += LOSSES.check(cfg.learner.loss, "learner.loss")
     problems += [f"allocator: {p}" for p in check_allocator(cfg.allocator.name, cfg.allocator.options)]
@@ -94,6 +97,7 @@ async def run_job(cfg: RunConfig, *, progress: Progress | None = None) -> JobRes
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
     torch.set_num_threads(cfg.run.torch_threads)
+    policy: Policy | None = None
     try:
         suite = build_suite(cfg)
         progress.message(f"warm start: {cfg.policy.backend} policy on {cfg.env.name} (cached after first use)")
@@ -140,6 +144,10 @@ async def run_job(cfg: RunConfig, *, progress: Progress | None = None) -> JobRes
         log.info("job.finished", **{k: v for k, v in summary.items() if not isinstance(v, dict | list)})
         return JobResult(run_dir, summary, outcome)
     finally:
+        close = getattr(policy, "close", None)  # optional: a backend holding an engine (vllm) shuts it down
+        if close is not None:
+            with trio.CancelScope(shield=True):  # even on Ctrl-C: no engine process is left behind
+                await trio.to_thread.run_sync(close)
         if events_file is not None:
             configure_logging(None)  # later events (another job, a test) must not write to the closed file
             events_file.close()
