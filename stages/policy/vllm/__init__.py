@@ -51,7 +51,7 @@ class VllmOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     fuzzy_cutoff: float = 75.0
     max_model_len: int = 512
     dtype: str = "auto"
-    """`auto` = the checkpoint's dtype (float32 for `make-model` models)."""
+    """`auto` = the dtype in the checkpoint's config.json (float32 for `make-model` models)."""
     gpu_memory_utilization: float = 0.5
     kv_cache_gib: int = 1
     """CPU only: KV-cache size (VLLM_CPU_KVCACHE_SPACE) unless that variable is already set."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -37,13 +38,21 @@ def checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def checkpoint_dtype(model_dir: str) -> str:
+    """The dtype in the checkpoint's config.json ("auto" if none): vLLM's own "auto" turns float32 into
+    bfloat16 on CPU, which would make the engine's log-probs differ from the float32 learner's."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    dtype = config.get("dtype") or config.get("torch_dtype")
+    return str(dtype) if dtype else "auto"
+
+
 def engine_args(cfg: PolicySection, opts: VllmOptions, *, seed: int) -> Any:
     from vllm import AsyncEngineArgs
 
     fields: dict[str, Any] = {
         "model": cfg.model,
         "tokenizer": cfg.model,
-        "dtype": opts.dtype,
+        "dtype": checkpoint_dtype(cfg.model) if opts.dtype == "auto" else opts.dtype,
         "max_model_len": opts.max_model_len,
         "max_num_seqs": cfg.max_batch,
         "enforce_eager": opts.enforce_eager,

@@ -36,8 +36,11 @@ class RollcutWorkerExtension:
     rollcut_version: int = 0
 
     def rollcut_load_weights(self, version: int, weights: list[WireTensor]) -> int:
-        model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        model.load_weights(weights=(from_wire(item) for item in weights))
+        # The worker's in-place reload (checkpoint names -> fused, processed parameters); a bare
+        # `model.load_weights` only works before the engine post-processes its parameters.
+        self.reload_weights(  # type: ignore[attr-defined]
+            weights_iterator=(from_wire(item) for item in weights), is_checkpoint_format=True
+        )
         self.rollcut_version = version
         return version
 
