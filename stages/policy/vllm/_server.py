@@ -224,6 +224,7 @@ class VllmPolicy:
             self.engine.shutdown()
         finally:
             self._loop.close()
+            self.engine = None  # AsyncLLM.__del__ now, not during interpreter teardown
         log.info("policy.vllm.closed", **self.statistics())
 
     # ----------------------------------------------------------------------------------------------

@@ -11,8 +11,6 @@ This module must import without Trio or the rest of rollcut's runtime: it runs i
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 WireTensor = tuple[str, str, list[int], bytes]

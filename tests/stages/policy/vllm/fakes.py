@@ -75,7 +75,7 @@ class FakeEngine:
         finally:
             self.running.discard(request_id)
 
-    async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple[Any, ...] = ()) -> Any:
+    async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple[Any, ...] = ()) -> Any:  # noqa: ASYNC109 (AsyncLLM's signature)
         if self.hold_rpc is not None:
             await self.hold_rpc.wait()
         if self.fail_rpc:

@@ -132,10 +132,14 @@ async def test_request_submitted_during_a_sync_carries_the_older_version(loop: L
 
 async def test_failed_weight_sync_ends_serve_with_the_error(loop: LoopThread) -> None:
     policy = make_policy(loop, FakeEngine(fail_rpc=True))
-    with pytest.raises(ExceptionGroup) as info:
+
+    async def serve_and_publish() -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(policy.serve)
             policy.load_weights(1, {"w": torch.ones(2, 2)})
+
+    with pytest.raises(ExceptionGroup) as info:
+        await serve_and_publish()
     assert info.group_contains(RuntimeError, match="weight sync failed")
     assert policy.version == 0
 
