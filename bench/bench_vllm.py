@@ -37,7 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.config import load_config  # noqa: E402
 from pipeline.job import build_suite  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
-from stages.policy.torch_tiny._server import request_seed  # noqa: E402
 from stages.policy.vllm import build_policy  # noqa: E402
 from stages.policy.vllm._make_model import ModelShape, make_model  # noqa: E402
 from stages.policy.vllm._server import VllmPolicy, sampling_params  # noqa: E402
@@ -77,7 +76,7 @@ async def bare(policy: VllmPolicy, prompts: list[list[int]], rounds: int, first_
         nonlocal tokens
         for r in range(rounds):
             number = first_number + r * len(prompts) + i
-            params = sampling_params(policy.sampling, greedy=False, seed=request_seed(0, number) % 2**31, stop_token_ids=stops)
+            params = sampling_params(policy.sampling, greedy=False, seed=None, stop_token_ids=stops)  # as VllmPolicy
             async for out in engine.generate({"prompt_token_ids": prompt}, params, f"bare-{number}"):
                 final = out
             tokens += len(final.outputs[0].token_ids)
