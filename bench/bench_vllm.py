@@ -58,13 +58,16 @@ async def served(policy: VllmPolicy, ctxs: list[AgentContext], rounds: int) -> f
     async def client(ctx: AgentContext) -> None:
         nonlocal tokens
         for _ in range(rounds):
-            tokens += len((await policy.act(ctx)).token_ids)
+            result = await policy.act(ctx)  # (not `tokens += len(await ...)`: that reads `tokens` before the await)
+            tokens += len(result.token_ids)
 
     started = time.perf_counter()
     async with trio.open_nursery() as nursery:
         for ctx in ctxs:
             nursery.start_soon(client, ctx)
-    return tokens / (time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    print(f"  rollcut round: {tokens} tokens in {elapsed:.2f} s", flush=True)
+    return tokens / elapsed
 
 
 async def bare(policy: VllmPolicy, prompts: list[list[int]], rounds: int, first_number: int) -> float:
@@ -83,7 +86,9 @@ async def bare(policy: VllmPolicy, prompts: list[list[int]], rounds: int, first_
 
     started = time.perf_counter()
     await asyncio.gather(*(client(i, p) for i, p in enumerate(prompts)))
-    return tokens / (time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    print(f"  bare round: {tokens} tokens in {elapsed:.2f} s", flush=True)
+    return tokens / elapsed
 
 
 async def cut_groups(policy: VllmPolicy, ctx: AgentContext, groups: int) -> None:
