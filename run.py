@@ -8,6 +8,7 @@
     python run.py check --config FILE.toml         # validate a config and print it resolved
     python run.py resume runs/default              # continue a stopped run from its folder (--set allowed)
     python run.py ab --arms gate,async-grpo --seeds 0,1,2   # A/B study of preset arms (docs/ab.md; `ab --help`)
+    python run.py make-model models/tiny-llama     # a small local Llama + tokenizer for policy.backend=vllm
 
 Ctrl-C (or SIGTERM) stops a run within seconds with a checkpoint written; a second Ctrl-C exits at once.
 Exit codes: 0 done, 1 a stage failed (one message naming it; the checkpoint is kept), 2 bad configuration
@@ -36,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["ab"]:
         return _ab(argv[1:])
+    if argv[:1] == ["make-model"]:
+        from stages.policy.vllm import make_model_main
+
+        return make_model_main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "profile":
         return _profile(args.run_dir)

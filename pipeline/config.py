@@ -58,6 +58,8 @@ class EnvSection(_Section):
 
 class PolicySection(_Section):
     backend: str = "torch_tiny"
+    model: str = ""
+    """A local Hugging Face model directory (the vllm backend; torch_tiny builds its own model)."""
     temperature: float = 0.7
     """Sampling temperature of rollouts (the Selective Rollout setup: 0.7, top-p 0.95)."""
     top_p: float = 0.95
@@ -197,7 +199,7 @@ class ProfileSection(_Section):
     gpu_sample_hz: float = 20.0
     thread_cpu: bool = True
     """Read the thread CPU clock at every span edge (per-stage CPU %); ~2 us more per span."""
-    gpu_stages: list[str] = msgspec.field(default_factory=lambda: ["policy", "learner"])
+    gpu_stages: list[str] = msgspec.field(default_factory=lambda: ["policy", "learner", "vllm"])
     """Stages that compete for GPU utilization samples (the others never get a share)."""
 
 

@@ -48,7 +48,10 @@ log = structlog.get_logger(__name__)
 def name_checks(cfg: RunConfig) -> list[str]:
     """Every configured name that does not resolve, for `load_config(extra_checks=...)`."""
     problems = ENVS.check(cfg.env.name, "env.name")
-    problems += POLICIES.check(cfg.policy.backend, "policy.backend")
+    policy_problems = POLICIES.check(cfg.policy.backend, "policy.backend")
+    if not policy_problems:  # a backend may validate its own section (`build.check`): vllm's install, model
+        policy_problems = getattr(POLICIES.get(cfg.policy.backend), "check", lambda _: [])(cfg.policy)
+    problems += policy_problems
     problems += GATES.check(cfg.gate.name, "gate.name")
     problems += LOSSES.check(cfg.learner.loss, "learner.loss")
     problems += AGGREGATIONS.check(cfg.learner.aggregation, "learner.aggregation")
@@ -183,9 +186,14 @@ async def run_job(
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
     torch.set_num_threads(cfg.run.torch_threads)
+    policy: Policy | None = None
     try:
         return await _run_phases(cfg, run_dir, checkpoint, progress, stop if stop is not None else trio.Event(), wall_started)
     finally:
+        close = getattr(policy, "close", None)  # optional: a backend holding an engine (vllm) shuts it down
+        if close is not None:
+            with trio.CancelScope(shield=True):  # even on Ctrl-C: no engine process is left behind
+                await trio.to_thread.run_sync(close)
         if events_file is not None:
             configure_logging(None)  # later events (another job, a test) must not write to the closed file
             events_file.close()

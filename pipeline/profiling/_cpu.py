@@ -47,6 +47,16 @@ def thread_cpu_seconds(native_id: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S  # utime, stime
 
 
+def other_process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of another process (all its threads), from /proc; None if unreadable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S  # utime, stime
+
+
 class CpuSampler:
     """Samples process CPU utilization and refreshes the CPU reading of bound threads."""
 

@@ -16,7 +16,7 @@ import structlog
 import trio
 
 from ._attribution import attribute_samples, attribute_thread_cpu, sample_average
-from ._cpu import CpuSampler, process_cpu_seconds, thread_cpu_seconds
+from ._cpu import CpuSampler, other_process_cpu_seconds, process_cpu_seconds, thread_cpu_seconds
 from ._gpu import CudaSpan, GpuSampler, cuda_available, cuda_seconds
 from ._plot import write_plot
 from ._recorder import (
@@ -100,6 +100,7 @@ class Profiler:
         self._t_end: float | None = None
         self._snap: Snapshot | None = None
         self._report: Report | None = None
+        self._processes: list[list[Any]] = []  # [stage, pid, cpu at bind, latest cpu reading]
 
     @classmethod
     def from_config(cls, cfg: _ProfileConfig, **kwargs: Any) -> Profiler:
@@ -180,6 +181,28 @@ class Profiler:
         self._rec.buffer().bindings.append(binding)
         return binding
 
+    def bind_process(self, stage: str, pid: int) -> None:
+        """Attribute another process's CPU time (e.g. an inference engine's) to `stage` until `finish()`.
+
+        Its CPU also counts in the run's process CPU, so it never shows up as negative unattributed time.
+        A process that exits before `finish()` keeps the CPU last read for it (at bind, or by `finish`).
+        """
+        if not self._recording:
+            return
+        cpu = other_process_cpu_seconds(pid)
+        if cpu is not None:
+            self._processes.append([stage, pid, cpu, cpu])
+
+    def _other_process_cpu(self) -> dict[str, float]:
+        by_stage: dict[str, float] = {}
+        for entry in self._processes:
+            stage, pid, c0, _ = entry
+            now = other_process_cpu_seconds(pid)
+            if now is not None:
+                entry[3] = now
+            by_stage[stage] = by_stage.get(stage, 0.0) + entry[3] - c0
+        return by_stage
+
     def cuda_span(self, stage: str, name: str = "") -> CudaSpan | Span | WallSpan | NullSpan:
         """A busy span that also times the enclosed CUDA work with CUDA events (when torch sees a GPU).
 
@@ -242,6 +265,9 @@ class Profiler:
         for buf in snap.threads:
             for stage, seconds in self._thread_cpu_by_stage(buf, t_end).items():
                 cpu_by_stage[stage] = cpu_by_stage.get(stage, 0.0) + seconds
+        other = self._other_process_cpu()
+        for stage, seconds in other.items():
+            cpu_by_stage[stage] = cpu_by_stage.get(stage, 0.0) + seconds
 
         gpu_by_stage = None
         tracks = self._gpu.tracks
@@ -261,7 +287,7 @@ class Profiler:
             snap,
             window=(self._t_start, t_end),
             cpu_by_stage=cpu_by_stage,
-            process_cpu_s=cpu_end - self._cpu_start,
+            process_cpu_s=cpu_end - self._cpu_start + sum(other.values()),
             gpu_by_stage=gpu_by_stage,
             gpu_status=self._gpu.status,
             gpu_mean_util=[sample_average(t.util, self._t_start, t_end) for t in tracks],

@@ -15,6 +15,7 @@ POLICIES = Registry(
     "policies",
     {
         "torch_tiny": "stages.policy.torch_tiny:build_policy",
+        "vllm": "stages.policy.vllm:build_policy",
     },
 )
 

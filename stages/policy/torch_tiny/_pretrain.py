@@ -18,8 +18,9 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 import torch
@@ -175,12 +176,14 @@ def train_bc(
     seed: int,
     max_updates: int = 0,
     label: str = "warm start",
+    nll: Callable[[Any, Sequence[Packed]], tuple[torch.Tensor, int]] = packed_nll,
 ) -> list[float]:
     """AdamW with a short warm-up and cosine decay; returns the mean per-token loss of each epoch.
 
     `batch_size` counts demo steps (actions) per update. `max_updates` > 0 stops early after that many
     optimizer steps (a deliberate under-training knob). Progress goes to `pipeline.progress.report`
-    under `label`: batches in place on a terminal, one line per epoch.
+    under `label`: batches in place on a terminal, one line per epoch. `nll(model, batch)` scores a batch
+    (the vLLM backend passes one for a Hugging Face model).
     """
     gen = torch.Generator().manual_seed(seed)
     per_epoch = len(_batches(packs, batch_size, torch.Generator().manual_seed(seed)))
@@ -196,13 +199,13 @@ def train_bc(
         epoch_nll, epoch_tokens = 0.0, 0
         batches = _batches(packs, batch_size, gen)
         for b, batch in enumerate(batches):
-            nll, count = packed_nll(model, batch)
+            batch_nll, count = nll(model, batch)
             opt.zero_grad(set_to_none=True)
-            (nll / count).backward()
+            (batch_nll / count).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
-            epoch_nll += float(nll.detach())
+            epoch_nll += float(batch_nll.detach())
             epoch_tokens += count
             step += 1
             report(

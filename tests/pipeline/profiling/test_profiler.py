@@ -250,3 +250,20 @@ def test_overhead_estimate_reports_positive_costs():
     est = prof.overhead_estimate(calls=2000)
     assert est["span_us"] > est["null_span_us"] > 0
     assert est["spans"] == 1
+
+
+def test_bind_process_attributes_another_processes_cpu_to_a_stage() -> None:
+    import subprocess
+
+    burn = "import sys; sum(range(5_000_000)); print('done', flush=True); sys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        prof = Profiler(gpu_sample_hz=0.1)
+        prof.bind_process("engine", child.pid)  # bound right after start: the burn comes after
+        with prof.span("engine", "requests_in_flight"):  # (a stage gets its row from its spans)
+            assert child.stdout is not None and child.stdout.readline() == b"done\n"
+        report = prof.finish()
+    finally:
+        child.communicate(b"")
+    assert report.row("engine").cpu_pct > 0
+    assert report.process_cpu_pct is not None and report.process_cpu_pct >= report.row("engine").cpu_pct

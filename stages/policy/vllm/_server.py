@@ -1,0 +1,360 @@
+"""`VllmPolicy`: rollcut's `Policy` served by vLLM's `AsyncLLM` on its own asyncio loop thread.
+
+Requests: every `act()` builds its prompt ids on the Trio thread and submits one `AsyncLLM.generate` at
+once (vLLM's scheduler does the batching); the result (text, token ids, processed log-probs) comes back
+through the loop thread's future and wakes the Trio task through its token.
+
+Abort on cut: a cancelled `act()` (the gate cut its group, so the rollout stage cancelled the group's
+scope) cancels its asyncio task; `AsyncLLM.generate` then calls `abort(request_id)`, which drops the
+request from the output processor and sends one ABORT to the engine core, which frees its KV blocks
+before its next step. The time from the Trio cancellation to the end of that abort is recorded per
+request (`statistics().abort_ms_p50/p99`).
+
+Versions: `load_weights(version, state)` validates and snapshots the weights, then a coroutine on the
+loop sends them to every worker (`collective_rpc("rollcut_load_weights")`, between engine steps). Syncs
+are serialised and only the newest pending one is sent. A result carries the version the engine held
+when its request was *submitted*: a request that straddles an update is stamped with the older version,
+so staleness is never under-counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import structlog
+import torch
+import trio
+
+from pipeline.profiling import Profiler
+from stages.policy.base import ActResult, AgentContext
+from stages.policy.torch_tiny._prompt import parse_action
+from stages.policy.torch_tiny._server import PolicyStopped, request_seed
+
+from ._learner import CausalLMTrainable
+from ._loop import LoopThread, wait_trio
+from ._prompt import ChatPrompt
+from ._worker import WireTensor, to_wire
+
+log = structlog.get_logger(__name__)
+
+ENGINE_STAGE = "vllm"
+"""Profile stage of the engine: busy while any request is in flight; CPU of the engine process(es)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 12
+    fuzzy_cutoff: float = 75.0
+    seeded: bool = False
+    """Seed every request from (policy seed, request number), as torch_tiny does (see VllmOptions)."""
+
+
+@dataclass(eq=False, slots=True)
+class _Request:
+    request_id: str
+    number: int
+    prompt: list[int]
+    admissible: tuple[str, ...]
+    greedy: bool
+    cancelled_at: float | None = None
+
+
+@dataclass(slots=True)
+class _Stats:
+    requests: int = 0
+    completed: int = 0
+    aborted: int = 0
+    generated_tokens: int = 0
+    abort_s: list[float] = field(default_factory=list)
+    weight_sync_s: list[float] = field(default_factory=list)
+
+
+def _percentiles_ms(values: Sequence[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p99": None}
+    p50, p99 = np.percentile(np.asarray(values) * 1000.0, [50, 99])
+    return {"p50": float(p50), "p99": float(p99)}
+
+
+class VllmPolicy:
+    """Implements `stages.policy.base.Policy` on an `AsyncLLM` (built by `stages.policy.vllm.build_policy`)."""
+
+    def __init__(
+        self,
+        loop: LoopThread,
+        engine: Any,
+        prompt: ChatPrompt,
+        sampling: Sampling,
+        *,
+        model_path: str,
+        shapes: Mapping[str, tuple[int, ...]],
+        seed: int,
+        make_params: Callable[..., Any] | None = None,
+    ) -> None:
+        self.version = 0
+        self.profiler = Profiler(enabled=False)
+        self.prompt = prompt
+        self.sampling = sampling
+        self.model_path = model_path
+        self.engine = engine
+        self._loop = loop
+        self._shapes = dict(shapes)
+        self._seed = seed
+        self._stops = prompt.stop_token_ids()
+        self._make_params = make_params or sampling_params
+        self._requests = 0
+        self._serving = False
+        self._inflight: dict[str, Any] = {}  # request id -> concurrent future (Trio thread only)
+        self._state: dict[str, torch.Tensor] | None = None  # latest published weights (for trainable())
+        self._pending: tuple[int, list[WireTensor]] | None = None
+        self._sync_lock: asyncio.Lock | None = None
+        self._syncs: list[Any] = []
+        self._failure: BaseException | None = None
+        self._on_failure: Any = None
+        self._busy = 0
+        self._busy_span: Any = None
+        self._stats = _Stats()
+        self._closed = False
+
+    # ----------------------------------------------------------------------------------------------
+    # Policy protocol
+
+    async def act(self, context: AgentContext, *, greedy: bool = False) -> ActResult:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if not self._serving:
+            raise PolicyStopped("VllmPolicy.serve() is not running")
+        self._raise_failure()
+        number = self._requests
+        self._requests += 1
+        request = _Request(f"rollcut-{number}", number, self.prompt.build(context), context.admissible, greedy)
+        future = self._loop.submit(self._generate(request))
+        self._inflight[request.request_id] = future
+
+        def cancelled() -> None:
+            request.cancelled_at = time.perf_counter()
+
+        try:
+            return await wait_trio(future, on_cancel=cancelled)
+        except concurrent.futures.CancelledError as exc:  # serve() stopped and cancelled the request
+            raise PolicyStopped("VllmPolicy.serve() stopped before answering") from exc
+        finally:
+            self._inflight.pop(request.request_id, None)
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Accept requests until cancelled; a failed weight sync ends it with that error."""
+        if self._serving:
+            raise RuntimeError("VllmPolicy.serve() is already running")
+        if self._closed:
+            raise PolicyStopped("VllmPolicy is closed")
+        failed = trio.Event()
+        token = trio.lowlevel.current_trio_token()
+        self._on_failure = lambda: token.run_sync_soon(failed.set)
+        self._serving = True
+        try:
+            task_status.started()
+            if self._failure is None:
+                await failed.wait()
+            self._raise_failure()
+        finally:
+            self._serving = False
+            self._on_failure = None
+            for future in list(self._inflight.values()):
+                future.cancel()  # waiting act() calls fail with PolicyStopped; the engine aborts them
+
+    def load_weights(self, version: int, state: Mapping[str, Any]) -> None:
+        self._check_shapes(version, state)
+        snapshot = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+        self._state = snapshot
+        self._pending = (version, [to_wire(k, v) for k, v in snapshot.items() if k in self._shapes])
+        self._syncs = [f for f in self._syncs if not f.done()]
+        self._syncs.append(self._loop.submit(self._sync_weights()))
+
+    def trainable(self) -> CausalLMTrainable:
+        """A fresh `transformers` copy of the served weights (the latest published state, if any)."""
+        return CausalLMTrainable.load(
+            self.model_path, temperature=self.sampling.temperature, top_p=self.sampling.top_p, state=self._state
+        )
+
+    def attach_profiler(self, profiler: Profiler) -> None:
+        """Record the frontend loop thread as `policy` and the engine as its own `vllm` stage."""
+        self.profiler = profiler
+        self._loop.submit(self._bind_loop_thread(profiler)).result(30)
+        for pid in engine_process_ids(self.engine):
+            bind = getattr(profiler, "bind_process", None)
+            if bind is not None:
+                bind(ENGINE_STAGE, pid)
+
+    def wait_synced(self, timeout: float | None = 600) -> int:
+        """Block (a non-Trio thread) until every queued weight sync is applied; returns the engine's version."""
+        for future in list(self._syncs):
+            future.result(timeout)
+        self._raise_failure()
+        return self.version
+
+    def statistics(self) -> dict[str, Any]:
+        s = self._stats
+        abort, sync = _percentiles_ms(s.abort_s), _percentiles_ms(s.weight_sync_s)
+        return {
+            "requests": s.requests,
+            "completed": s.completed,
+            "aborted": s.aborted,
+            "generated_tokens": s.generated_tokens,
+            "abort_ms_p50": abort["p50"],
+            "abort_ms_p99": abort["p99"],
+            "weight_syncs": len(s.weight_sync_s),
+            "weight_sync_ms_p50": sync["p50"],
+            "weight_sync_ms_max": max(s.weight_sync_s) * 1000 if s.weight_sync_s else None,
+            "version": self.version,
+        }
+
+    def close(self) -> None:
+        """Shut the engine down and stop the loop thread (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.engine.shutdown()
+        finally:
+            self._loop.close()
+            self.engine = None  # AsyncLLM.__del__ now, not during interpreter teardown
+        log.info("policy.vllm.closed", **self.statistics())
+
+    # ----------------------------------------------------------------------------------------------
+    # On the asyncio loop thread
+
+    async def _generate(self, request: _Request) -> ActResult:
+        version = self.version
+        self._stats.requests += 1
+        started = time.perf_counter()
+        self._enter_busy()
+        final = None
+        try:
+            async for output in self.engine.generate(
+                {"prompt_token_ids": request.prompt}, self._params(request), request.request_id
+            ):
+                final = output
+        except asyncio.CancelledError:
+            self._stats.aborted += 1
+            if request.cancelled_at is not None:
+                self._stats.abort_s.append(time.perf_counter() - request.cancelled_at)
+            raise
+        finally:
+            self._exit_busy()
+        if final is None or not final.outputs:
+            raise RuntimeError(f"vLLM returned no output for {request.request_id}")
+        # The engine's row: request latency for p50 / p99 (its busy span is one long union), tokens/s.
+        self.profiler.latency(ENGINE_STAGE, "request", time.perf_counter() - started)
+        self.profiler.items(ENGINE_STAGE, len(final.outputs[0].token_ids))
+        return self._result(request, final.outputs[0], version)
+
+    def _params(self, request: _Request) -> Any:
+        seed = request_seed(self._seed, request.number) % (2**31) if self.sampling.seeded else None
+        return self._make_params(self.sampling, greedy=request.greedy, seed=seed, stop_token_ids=self._stops)
+
+    def _result(self, request: _Request, completion: Any, version: int) -> ActResult:
+        token_ids = list(completion.token_ids)
+        logprobs = [float(step[tok].logprob) for step, tok in zip(completion.logprobs, token_ids, strict=True)]
+        text = completion.text
+        self._stats.completed += 1
+        self._stats.generated_tokens += len(token_ids)
+        self.profiler.items("policy", 1)
+        return ActResult(
+            action=parse_action(text, request.admissible, fuzzy_cutoff=self.sampling.fuzzy_cutoff),
+            text=text,
+            prompt_ids=request.prompt,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            policy_version=version,
+        )
+
+    async def _sync_weights(self) -> None:
+        if self._sync_lock is None:
+            self._sync_lock = asyncio.Lock()
+        async with self._sync_lock:
+            pending, self._pending = self._pending, None
+            if pending is None:  # a newer sync already sent these (or later) weights
+                return
+            version, weights = pending
+            started = time.perf_counter()
+            try:
+                with self.profiler.span("policy", "weight_load"):
+                    await self.engine.collective_rpc("rollcut_load_weights", args=(version, weights))
+            except Exception as exc:
+                self._fail(exc)
+                raise
+            self.version = version
+            self._stats.weight_sync_s.append(time.perf_counter() - started)
+            log.info("policy.weights_loaded", version=version, ms=round(self._stats.weight_sync_s[-1] * 1000, 1))
+
+    async def _bind_loop_thread(self, profiler: Profiler) -> None:
+        profiler.bind_thread("policy")
+
+    def _enter_busy(self) -> None:
+        self._busy += 1
+        if self._busy == 1:
+            self._busy_span = self.profiler.span(ENGINE_STAGE, "requests_in_flight")
+            self._busy_span.__enter__()
+
+    def _exit_busy(self) -> None:
+        self._busy -= 1
+        if self._busy == 0 and self._busy_span is not None:
+            self._busy_span.__exit__(None, None, None)
+            self._busy_span = None
+
+    # ----------------------------------------------------------------------------------------------
+
+    def _fail(self, exc: BaseException) -> None:
+        self._failure = exc
+        notify = self._on_failure
+        if notify is not None:
+            try:
+                notify()
+            except trio.RunFinishedError:
+                pass
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise RuntimeError(f"vLLM weight sync failed: {self._failure!r}") from self._failure
+
+    def _check_shapes(self, version: int, state: Mapping[str, Any]) -> None:
+        missing = sorted(k for k in self._shapes if k not in state)
+        wrong = sorted(k for k, shape in self._shapes.items() if k in state and tuple(state[k].shape) != shape)
+        if missing or wrong:
+            raise ValueError(
+                f"weights for version {version} do not fit {self.model_path} "
+                f"(missing {missing[:5]}, wrong shapes {wrong[:5]})"
+            )
+
+
+def sampling_params(s: Sampling, *, greedy: bool, seed: int | None, stop_token_ids: list[int]) -> Any:
+    """vLLM `SamplingParams` of one request: final output only, the sampled token's log-prob."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    greedy = greedy or s.temperature <= 0
+    return SamplingParams(
+        n=1,
+        temperature=0.0 if greedy else s.temperature,
+        top_p=1.0 if greedy else s.top_p,
+        max_tokens=s.max_new_tokens,
+        stop_token_ids=stop_token_ids,
+        logprobs=0,
+        seed=None if greedy else seed,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+        skip_special_tokens=True,
+    )
+
+
+def engine_process_ids(engine: Any) -> list[int]:
+    """PIDs of the engine-core processes behind an AsyncLLM (empty when it runs in-process)."""
+    resources = getattr(getattr(engine, "engine_core", None), "resources", None)
+    procs = getattr(getattr(resources, "engine_manager", None), "processes", None) or []
+    return [p.pid for p in procs if getattr(p, "pid", None)]

