@@ -334,43 +334,47 @@ async def run_grpo(
         stage_ctx = StageContext(zmq=zmq, addresses=t, run_dir=run_dir, profiler=profiler)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_monitor_loop_lag, tally)
-            await nursery.start(policy.serve)
             await nursery.start(_publish_events, zmq, t.events, t.hwm, events_recv)
             observers_done = trio.Event()
             await nursery.start(_run_observers, observers, stage_ctx, observers_done)
-            await nursery.start(learner.run, stage_ctx)
-            await nursery.start(receive_control, zmq)
-            if gate_stage is not None:
-                await nursery.start(gate_stage.run, stage_ctx)
-            await nursery.start(_send_all, zmq, t.steps if gate_stage else None, t.hwm, steps_recv)
-            await nursery.start(_send_all, zmq, t.results, t.hwm, results_recv)
-            groups = await nursery.start(_host_nursery)
             evals = await nursery.start(_host_nursery)
-            admission = AdmissionLoop(allocator, slots, pacer, lambda gid, adm: groups.start_soon(run_one, gid, adm))
-            if restore is not None:
-                resume.restore_counters(restore, tally=tally, admission=admission, rollout=rollout, learner=learner, gate=gate_stage)
-            if learner.version >= cfg.run.updates:
-                done.set()  # resumed after the last update: nothing left to train
-            if stop is not None:
-                nursery.start_soon(_set_on, stop, done)
-            await nursery.start(admission.run)
-            if progress is not None:
-                nursery.start_soon(progress.tick, lambda: _live_status(tally, rollout, learner, slots, pacer, started))
-            with trio.move_on_after(cfg.run.max_wall_s) as deadline:
-                await done.wait()
-            if stop is not None and stop.is_set() and learner.version < cfg.run.updates:
-                stop_reason = "interrupted"
-            elif deadline.cancelled_caught:
-                stop_reason = "max_wall_s"
-                log.warning("grpo.wall_limit", max_wall_s=cfg.run.max_wall_s, updates=learner.version)
-            else:
+            async with trio.open_nursery() as work:  # everything that trains: cancelled at the last update
+                await work.start(policy.serve)
+                await work.start(learner.run, stage_ctx)
+                await work.start(receive_control, zmq)
+                if gate_stage is not None:
+                    await work.start(gate_stage.run, stage_ctx)
+                await work.start(_send_all, zmq, t.steps if gate_stage else None, t.hwm, steps_recv)
+                await work.start(_send_all, zmq, t.results, t.hwm, results_recv)
+                groups = await work.start(_host_nursery)
+                admission = AdmissionLoop(allocator, slots, pacer, lambda gid, adm: groups.start_soon(run_one, gid, adm))
+                if restore is not None:
+                    resume.restore_counters(restore, tally=tally, admission=admission, rollout=rollout, learner=learner, gate=gate_stage)
+                if learner.version >= cfg.run.updates:
+                    done.set()  # resumed after the last update: nothing left to train
+                if stop is not None:
+                    work.start_soon(_set_on, stop, done)
+                await work.start(admission.run)
+                if progress is not None:
+                    work.start_soon(progress.tick, lambda: _live_status(tally, rollout, learner, slots, pacer, started))
+                with trio.move_on_after(cfg.run.max_wall_s) as deadline:
+                    await done.wait()
+                if stop is not None and stop.is_set() and learner.version < cfg.run.updates:
+                    stop_reason = "interrupted"
+                elif deadline.cancelled_caught:
+                    stop_reason = "max_wall_s"
+                    log.warning("grpo.wall_limit", max_wall_s=cfg.run.max_wall_s, updates=learner.version)
+                occupancy = slots.occupancy()
+                ended = trio.current_time()
+                wall = ended - started + tally.resumed_wall_s
+                trajectory_occupancy = rollout.trajectory_seconds / (cfg.rollout.slots * wall) if wall > 0 else float("nan")
+                work.cancel_scope.cancel("GRPO phase finished")  # no update or rollout after the last one
+            if stop_reason == "updates" or stop_reason == "target_heldout":
                 await evals_idle.wait()  # a held-out measure in flight belongs to the curve
             await events_send.send(PhaseFinished(updates=learner.version, stop_reason=stop_reason))
-            with trio.move_on_after(cfg.transport.drain_s):  # stages that return on PhaseFinished saw everything
-                await observers_done.wait()
-            occupancy = slots.occupancy()
-            wall = trio.current_time() - started + tally.resumed_wall_s
-            trajectory_occupancy = rollout.trajectory_seconds / (cfg.rollout.slots * wall) if wall > 0 else float("nan")
+            if stop_reason != "interrupted":  # Ctrl-C must stay fast: no waiting on plugins
+                with trio.move_on_after(cfg.transport.drain_s):  # stages that return on PhaseFinished saw everything
+                    await observers_done.wait()
             nursery.cancel_scope.cancel("GRPO phase finished")
     merged.flush()
     if gate_stage is not None:
@@ -378,7 +382,7 @@ async def run_grpo(
     dropped = resume.add_counts(tally.resumed_dropped_frames, zmq.dropped_frames())
     return GrpoOutcome(
         stop_reason=stop_reason,
-        wall_s=trio.current_time() - started + tally.resumed_wall_s,
+        wall_s=ended - started + tally.resumed_wall_s,
         updates=learner.version,
         tally=tally,
         admission=admission,
