@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 
 import trio
-
 from bench_pipeline import pipeline_run  # noqa: I001 (bench/ is on sys.path when run as a script)
+
 from pipeline.job import build_policy, build_suite, load
 from pipeline.rundir import configure_logging
 

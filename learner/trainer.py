@@ -188,7 +188,7 @@ class Trainer:
         out: dict[str, float] = {}
         grad_norms: list[float] = []
         epochs = 0
-        for epoch in range(self.cfg.epochs):
+        for _ in range(self.cfg.epochs):
             order = self._rng.sample(items, len(items))
             sums = _Sums()
             for start in range(0, len(order), size):

@@ -38,7 +38,15 @@ from . import resume
 from .allocation import AdmissionLoop, SlotPool, StalenessPacer
 from .config import RunConfig
 from .histogram import LogHistogram
-from .messages import AnyMessage, CancelGroup, ControlStream, GroupResult, PhaseFinished, TrajectoryStatus, WeightsPublished
+from .messages import (
+    AnyMessage,
+    CancelGroup,
+    ControlStream,
+    GroupResult,
+    PhaseFinished,
+    TrajectoryStatus,
+    WeightsPublished,
+)
 from .outcomes import FIRST_STAGE_KINDS, MergedOutcomes, is_zero_variance, label_rewards
 from .profiling import Profiler
 from .progress import Progress

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import trio
 
 from pipeline.progress import report
-
 from stages.envs.base import EnvSuite, Task
 from stages.policy.base import AgentContext, Policy
 

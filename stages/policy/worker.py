@@ -14,7 +14,15 @@ import os
 import trio
 
 from pipeline.config import load_config
-from pipeline.messages import AbandonRequest, ActReply, ActRequest, LoadWeights, WorkerInbox, WorkerOutbox, WorkerReady
+from pipeline.messages import (
+    AbandonRequest,
+    ActReply,
+    ActRequest,
+    LoadWeights,
+    WorkerInbox,
+    WorkerOutbox,
+    WorkerReady,
+)
 from pipeline.rundir import configure_logging
 from pipeline.transport import open_context
 from stages.envs import ENVS
@@ -40,7 +48,8 @@ async def _answer(policy: Policy, request: ActRequest, index: int, scope: trio.C
 
 
 async def _watch_parent(parent: int, cancel: trio.CancelScope) -> None:
-    while os.getppid() == parent:
+    """Polls: the death of another process has no event to wait on here."""
+    while os.getppid() == parent:  # noqa: ASYNC110
         await trio.sleep(1.0)
     cancel.cancel()
 

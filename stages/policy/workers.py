@@ -34,7 +34,15 @@ import structlog
 import torch
 import trio
 
-from pipeline.messages import AbandonRequest, ActReply, ActRequest, LoadWeights, WorkerInbox, WorkerOutbox, WorkerReady
+from pipeline.messages import (
+    AbandonRequest,
+    ActReply,
+    ActRequest,
+    LoadWeights,
+    WorkerInbox,
+    WorkerOutbox,
+    WorkerReady,
+)
 from pipeline.stage import StageFailed
 from pipeline.transport import Context, open_context
 from stages.policy.base import ActResult, AgentContext, Policy, TrainableModel

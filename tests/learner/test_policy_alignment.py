@@ -20,7 +20,14 @@ from pipeline.messages import GroupResult, TrajectoryStatus
 from pipeline.profiling import Profiler
 from stages.envs import ENVS
 from stages.policy.base import AgentContext
-from stages.policy.torch_tiny import ModelConfig, PromptFormat, SamplingConfig, TinyLM, TorchTinyPolicy, WordTokenizer
+from stages.policy.torch_tiny import (
+    ModelConfig,
+    PromptFormat,
+    SamplingConfig,
+    TinyLM,
+    TorchTinyPolicy,
+    WordTokenizer,
+)
 from stages.rollout import RolloutStage
 
 TEMPERATURE, TOP_P = 0.7, 0.95

@@ -4,26 +4,26 @@ import msgspec
 import pytest
 
 from pipeline.messages import (
+    AbandonRequest,
+    ActReply,
+    ActRequest,
     AnyMessage,
     CancelGroup,
     GroupClosed,
     GroupOpened,
     GroupResult,
-    AbandonRequest,
-    ActReply,
-    ActRequest,
     LoadWeights,
     Metrics,
     PhaseFinished,
     RolloutFailed,
-    WorkerInbox,
-    WorkerOutbox,
-    WorkerReady,
     StepEvent,
     Trajectory,
     TrajectoryStatus,
     Turn,
     WeightsPublished,
+    WorkerInbox,
+    WorkerOutbox,
+    WorkerReady,
 )
 
 EXAMPLES = [

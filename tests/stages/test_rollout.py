@@ -241,9 +241,12 @@ async def test_systematic_failures_stop_the_run_naming_the_stage_and_first_error
     send, _ = trio.open_memory_channel(1000)
     stage = RolloutStage(suite, SlowPolicy(), {TASK.task_id: TASK}, send, profiler=Profiler(enabled=False),
                          max_error_rate=0.2, min_trajectories=5)
-    with pytest.raises(BaseException) as info:  # noqa: PT011 (StageFailed, possibly inside an exception group)
+    async def three_groups():
         for gid in range(3):
             await stage.run_group(gid, "t0", 4)
+
+    with pytest.raises(BaseException) as info:  # noqa: PT011 (StageFailed, possibly inside an exception group)
+        await three_groups()
     exc = info.value
     if isinstance(exc, BaseExceptionGroup):
         exc = exc.subgroup(StageFailed).exceptions[0]

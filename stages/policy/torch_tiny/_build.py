@@ -19,11 +19,10 @@ import msgspec
 import structlog
 import torch
 
-from stages.envs.base import EnvSuite
-from ._model import ModelConfig, TinyLM
 from pipeline.progress import report as report_progress
-from stages.envs.base import RecoveringExpert
+from stages.envs.base import EnvSuite, RecoveringExpert
 
+from ._model import ModelConfig, TinyLM
 from ._pretrain import (
     Demo,
     GroupComposition,

@@ -8,8 +8,6 @@ from stages.envs.household.catalog import RECEPTACLE_KINDS
 from stages.envs.household.expert import plan
 from stages.envs.household.recovery import next_command
 
-from .conftest import first_task
-
 
 def _follow(suite, env, observation, limit: int) -> tuple[list[str], bool]:
     """Follow the recovering expert from the env's current state; every command must be admissible."""
