@@ -22,10 +22,13 @@ async def _run(tmp_path, *extra):
 
 @pytest.mark.slow
 async def test_env_faults_fail_single_trajectories_and_the_run_goes_on(tmp_path):
-    result = await _run(tmp_path, *FAULTY_ENV, "env.options={raise_every = 37, hang_every = 53}", "rollout.step_timeout_s=0.5")
+    # Long enough that some hang outlives its 0.5 s deadline before the run ends (the exact step timing is
+    # tests/stages/test_rollout.py::test_a_hanging_step_fails_its_trajectory_at_the_step_timeout).
+    result = await _run(tmp_path, *FAULTY_ENV, "env.options={raise_every = 37, hang_every = 53}", "rollout.step_timeout_s=0.5",
+                        "run.updates=6")
     suite = plugin_faults.INSTANCES[-1]
     assert suite.raised >= 1 and suite.hung >= 1
-    assert result.summary["learner_updates"] == 2
+    assert result.summary["learner_updates"] == 6
     events = [json.loads(line) for line in (result.run_dir / "events.jsonl").read_text().splitlines()]
     errors = [e["error"] for e in events if e["event"] == "rollout.trajectory_failed"]
     raised, timed_out = sum("injected env fault" in e for e in errors), sum("TooSlowError" in e for e in errors)

@@ -263,3 +263,37 @@ async def test_a_few_failures_below_the_rate_do_not_stop_the_run(autojump_clock)
     for gid in range(3):
         await stage.run_group(gid, "t0", 4)
     assert stage.trajectories_failed == 1 and stage.trajectories_ended == 12
+
+
+class _HangingEnv(CountingEnv):
+    """Its second step blocks its thread until released (an environment that hangs)."""
+
+    release = None
+
+    def step(self, action):
+        if self.steps == 1:
+            _HangingEnv.release.wait(30)
+        return super().step(action)
+
+
+class _HangingSuite(Suite):
+    def make(self):
+        return _HangingEnv(self.envs, self.win_at)
+
+
+async def test_a_hanging_step_fails_its_trajectory_at_the_step_timeout(autojump_clock):
+    import threading
+
+    _HangingEnv.release = threading.Event()
+    suite = _HangingSuite(win_at=5)
+    send, _ = trio.open_memory_channel(1000)
+    stage = RolloutStage(suite, SlowPolicy(delay=0.0), {TASK.task_id: TASK}, send, profiler=Profiler(enabled=False),
+                         step_timeout_s=2.0)
+    try:
+        result = await stage.run_group(1, "t0", 2)
+    finally:
+        _HangingEnv.release.set()  # let the abandoned threads end
+    assert [t.status for t in result.trajectories] == [TrajectoryStatus.ERROR] * 2
+    assert all("TooSlowError" in t.error for t in result.trajectories)
+    assert stage.trajectories_failed == 2 and all(env.closed for env in suite.envs)
+    assert trio.current_time() == pytest.approx(2.0)  # failed at the deadline, not when the step returned
