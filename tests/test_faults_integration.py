@@ -25,7 +25,7 @@ async def test_env_faults_fail_single_trajectories_and_the_run_goes_on(tmp_path)
     # Long enough that some hang outlives its 0.5 s deadline before the run ends (the exact step timing is
     # tests/stages/test_rollout.py::test_a_hanging_step_fails_its_trajectory_at_the_step_timeout).
     result = await _run(tmp_path, *FAULTY_ENV, "env.options={raise_every = 37, hang_every = 53}", "rollout.step_timeout_s=0.5",
-                        "run.updates=6")
+                        "run.updates=6", "rollout.max_error_rate=1.0")  # contained faults, not the error-rate stop
     suite = plugin_faults.INSTANCES[-1]
     assert suite.raised >= 1 and suite.hung >= 1
     assert result.summary["learner_updates"] == 6
