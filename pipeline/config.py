@@ -161,8 +161,10 @@ class LearnerSection(_Section):
     grad_clip: float = 1.0
     micro_batch: int = 64
     """Items per forward/backward pass (gradients accumulate over micro-batches; weights are exact)."""
-    max_items: int = 0
-    """Turns sampled per update from the batch's trajectories (0 = all), as the reference's step items."""
+    max_items: int = 192
+    """Turns sampled per update from the batch's trajectories (0 = all), as the reference's step items. The
+    default keeps the 10-minute default run within its budget: training on all ~1,500 turns of an update
+    costs ~50 s of one CPU core, during which admission waits (set 0 where the learner has the time)."""
     kl_coef: float = 0.0
     """Weight of a KL(pi || warm start) penalty per token (0 = off; costs one more forward pass)."""
     max_kl: float = 0.0
