@@ -5,7 +5,8 @@
 Runs the whole job (default configuration, warm start off so it starts at once, no held-out evaluation)
 with an observer stage that counts env steps from the finished groups on the event stream and reads the
 process's resident set size (/proc/self/statm) when the count passes N and 10 N, then stops the run.
-The last line is `rss_growth=<fraction>` = (RSS at 10 N - RSS at N) / RSS at N; goal <= 0.05. Structures
+The last line is `rss_growth=<fraction>` = (RSS at 10 N - RSS at N) / RSS at N; goal <= 0.05. Measures
+with `run.flat_memory = true` (glibc's fixed mmap threshold) unless `--set run.flat_memory=false`. Structures
 that grow with run length (lists of every sample, unbounded queues) show up here as growth.
 """
 
@@ -69,7 +70,7 @@ async def measure(steps: int, overrides: list[str]) -> dict[str, object]:
     out = tempfile.mkdtemp(prefix="rollcut-mem-")
     cfg = load(None, [
         "pretrain.enabled=false", "eval.tasks=0", "run.updates=100000", "run.max_wall_s=3000", "run.progress=false",
-        f'run.out="{out}"', f'stages=[{{target = "__main__:MemoryProbe", options = {{steps = {steps}}}}}]', *overrides,
+        f'run.out="{out}"', f'stages=[{{target = "__main__:MemoryProbe", options = {{steps = {steps}}}}}]', "run.flat_memory=true", *overrides,
     ])
     try:
         await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False), stop=stop)

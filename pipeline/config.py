@@ -46,10 +46,12 @@ class RunSection(_Section):
     checkpoint_every: int = 1
     """Write checkpoints/state.pt every this many learner updates (0 = only at the end and on Ctrl-C);
     `python run.py resume RUN_DIR` continues from it."""
-    flat_memory: bool = True
+    flat_memory: bool = False
     """Fix glibc's mmap threshold so freed tensors go back to the OS and RSS stays flat over long runs
-    (pipeline/memory.py); costs ~25 % decoding speed in a micro-benchmark (64 x 180-token prompts, 10
-    batches: 10.4-11.0 s against 8.2-8.8 s). false = glibc's defaults (faster, RSS creeps up)."""
+    (pipeline/memory.py: rss_growth 0.08 instead of 0.36). Off by default because it costs speed: ~25 %
+    slower decoding in a micro-benchmark (64 x 180-token prompts, 10 batches: 10.4-11.0 s against 8.2-8.8 s),
+    and the default run made 63 env-steps/s with it against 103-109 in bench_workers' one-worker arm
+    without it. Turn it on for runs of hours."""
 
 
 class EnvSection(_Section):
