@@ -8,6 +8,7 @@ members' step events so far; the group is cut iff statistic < tau.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -28,7 +29,7 @@ class _Group:
         return all(len(s) >= k or done for s, done in zip(self.steps, self.ended, strict=True))
 
 
-class CheckpointGate:
+class CheckpointGate(abc.ABC):
     """Base of threshold gates over the step stream (the `gates.base.Gate` shape).
 
     Subclasses set `name` and implement `statistic(steps, k) -> float` (pure; lower = more surely a
@@ -44,9 +45,9 @@ class CheckpointGate:
             raise ValueError(f"{self.name} gate: checkpoints must be >= 1, got {self.checkpoints}")
         self._groups: dict[int, _Group] = {}
 
+    @abc.abstractmethod
     def statistic(self, steps: Sequence[Sequence[StepEvent]], k: int) -> float:
         """steps: [G][steps so far] each member's events (failed members keep theirs)."""
-        raise NotImplementedError
 
     def describe(self, value: float, k: int, cut: bool) -> str:
         return f"{self.name} s_{k}={value:.3f} {'<' if cut else '>='} tau={self.tau}"

@@ -6,14 +6,16 @@ from pipeline.messages import PhaseFinished, WeightsPublished
 
 
 class Explodes:
-    """Raises once the phase is running: the run must stop with one message naming it."""
+    """Raises at the first published weights: the run must stop with one message naming it."""
 
     name = "explodes"
 
     async def run(self, ctx, *, task_status=trio.TASK_STATUS_IGNORED):
-        task_status.started()
-        await trio.sleep(0.5)
-        raise ValueError("the plugin has a bug")
+        async with ctx.subscribe() as events:
+            task_status.started()
+            async for message in events:
+                if isinstance(message, WeightsPublished):
+                    raise ValueError("the plugin has a bug")
 
 
 class Recorder:

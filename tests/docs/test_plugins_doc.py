@@ -34,13 +34,11 @@ async def test_the_documented_stage_counts_everything_and_returns_at_phase_finis
         ctx = StageContext(zmq=zmq, addresses=addresses, run_dir=tmp_path, profiler=Profiler(enabled=False))
         async with pub, trio.open_nursery() as nursery:
             await nursery.start(stage.run, ctx)
-            await trio.sleep(0.05)  # PUB/SUB: let the subscription reach the publisher
+            await trio.sleep(0.05)  # PUB/SUB has no event for "subscription arrived" (the slow-joiner gap)
             for gid in range(3):
                 await pub.send(GroupResult(group_id=gid, task_id="t", trajectories=[], cut=gid == 1))
             await pub.send(CancelGroup(group_id=1, reason="r", gate="g", value=0.0))
             await pub.send(WeightsPublished(version=4, groups_trained=8, published_at=0.0))
             await pub.send(PhaseFinished(updates=4, stop_reason="updates"))
-            with trio.fail_after(10):
-                while nursery.child_tasks:  # noqa: ASYNC110 (the stage returns by itself: poll the nursery)
-                    await trio.sleep(0.01)
+            # leaving the nursery waits for the stage, which must return by itself on PhaseFinished
     assert json.loads((tmp_path / "cuts.json").read_text()) == {"groups": 3, "cut": 1, "cancels": 1, "versions": 4}
