@@ -37,6 +37,7 @@ from stages.rollout import RolloutStage
 from . import resume
 from .allocation import AdmissionLoop, SlotPool, StalenessPacer
 from .config import RunConfig
+from .heldout import PeriodicHeldout
 from .histogram import LogHistogram
 from .messages import (
     AnyMessage,
@@ -225,13 +226,12 @@ async def run_grpo(
         on_trajectory_end=lambda: admission.trajectory_finished(),
     )
     merged = MergedOutcomes(on_settled=lambda rewards, _: _tally_prompt(tally, rewards, cfg.rollout.group_size), window=64)
-    latest_weights: dict[int, Mapping[str, Any]] = {}
+    heldout = PeriodicHeldout(evaluate, cfg.eval.every, cfg.run.updates, metrics, progress,
+                              on_row=lambda row, spent: _tally_heldout(tally, row, spent), target=cfg.run.target_heldout)
 
     def publish(version: int, state: Mapping[str, Any]) -> None:
         policy.load_weights(version, state)
-        # The last version is measured by the job's after-evaluation; earlier ones every eval.every updates.
-        if evaluate is not None and cfg.eval.every and version % cfg.eval.every == 0 and version < cfg.run.updates:
-            latest_weights[version] = state  # a detached copy: the trainer goes on with its own tensors
+        heldout.published(version, state)
 
     attach = getattr(policy, "attach_profiler", None)  # optional: a backend that records its own spans
     if attach is not None:
@@ -254,42 +254,9 @@ async def run_grpo(
             await checkpointer.after_update(report.version)
         if progress is not None:
             progress.update_line(row, final=True)
-        if report.version in latest_weights:
-            evals.start_soon(run_eval, report.version, latest_weights.pop(report.version))
+        heldout.start_if_due(report.version, evals, wall_s=lambda: trio.current_time() - started,
+                             env_steps=lambda: rollout.env_steps)
         if report.version >= cfg.run.updates:
-            done.set()
-
-    evals_running = 0
-    evals_idle = trio.Event()
-    evals_idle.set()
-
-    async def run_eval(version: int, state: Mapping[str, Any]) -> None:
-        nonlocal evals_running, evals_idle
-        assert evaluate is not None
-        if evals_running == 0:
-            evals_idle = trio.Event()
-        evals_running += 1
-        try:
-            await _evaluate_version(version, state)
-        finally:
-            evals_running -= 1
-            if evals_running == 0:
-                evals_idle.set()
-
-    async def _evaluate_version(version: int, state: Mapping[str, Any]) -> None:
-        assert evaluate is not None
-        t0 = trio.current_time()
-        scores = await evaluate(version, state)
-        tally.eval_s += trio.current_time() - t0
-        row = {"iteration": version, "wall_s": trio.current_time() - started, "env_steps": rollout.env_steps,
-               "eval_s": trio.current_time() - t0} | {f"heldout/{k}": v for k, v in scores.items()}
-        tally.evaluations.append(row)
-        metrics.write(row)
-        if progress is not None:
-            progress.message(f"held-out success at update {version}: " + ", ".join(f"{k} {v:.1%}" for k, v in scores.items()))
-        if cfg.run.target_heldout and scores.get("mean", 0.0) >= cfg.run.target_heldout:
-            nonlocal stop_reason
-            stop_reason = "target_heldout"
             done.set()
 
     def on_consumed(n: int) -> None:
@@ -346,6 +313,7 @@ async def run_grpo(
             observers_done = trio.Event()
             await nursery.start(_run_observers, observers, stage_ctx, observers_done)
             evals = await nursery.start(_host_nursery)
+            nursery.start_soon(_set_on, heldout.target_reached, done)
             async with trio.open_nursery() as work:  # everything that trains: cancelled at the last update
                 await work.start(policy.serve)
                 await work.start(learner.run, stage_ctx)
@@ -369,6 +337,8 @@ async def run_grpo(
                     await done.wait()
                 if stop is not None and stop.is_set() and learner.version < cfg.run.updates:
                     stop_reason = "interrupted"
+                elif heldout.target_reached.is_set() and learner.version < cfg.run.updates:
+                    stop_reason = "target_heldout"
                 elif deadline.cancelled_caught:
                     stop_reason = "max_wall_s"
                     log.warning("grpo.wall_limit", max_wall_s=cfg.run.max_wall_s, updates=learner.version)
@@ -378,7 +348,7 @@ async def run_grpo(
                 trajectory_occupancy = rollout.trajectory_seconds / (cfg.rollout.slots * wall) if wall > 0 else float("nan")
                 work.cancel_scope.cancel("GRPO phase finished")  # no update or rollout after the last one
             if stop_reason == "updates" or stop_reason == "target_heldout":
-                await evals_idle.wait()  # a held-out measure in flight belongs to the curve
+                await heldout.idle()  # a held-out measure in flight belongs to the curve
             await events_send.send(PhaseFinished(updates=learner.version, stop_reason=stop_reason))
             if stop_reason != "interrupted":  # Ctrl-C must stay fast: no waiting on plugins
                 with trio.move_on_after(cfg.transport.drain_s):  # stages that return on PhaseFinished saw everything
@@ -425,6 +395,11 @@ async def _apply_cut(decision: CancelGroup, rollout: RolloutStage, tally: GrpoTa
     if not rollout.cancel(decision.group_id, decision.reason, decision.value):
         tally.cancels_late += 1  # the group had already returned (a finished group's late cut is counted by the rollout)
     await trio.lowlevel.checkpoint()
+
+
+def _tally_heldout(tally: GrpoTally, row: dict[str, Any], seconds: float) -> None:
+    tally.evaluations.append(row)
+    tally.eval_s += seconds
 
 
 def _tally_prompt(tally: GrpoTally, rewards: list[float], group_size: int) -> None:
