@@ -26,7 +26,7 @@ from ._presets import Preset, find_presets, list_presets
 from ._report import build_report, read_run
 from ._runner import Loader, Study, check_resumable, execute, plan_study, read_plan, write_plan
 
-DEFAULT_ARMS = "sync-grpo,async-grpo,gate,gate-shadow,greso,pilot-commit,composed"
+DEFAULT_ARMS = "sync-grpo,async-grpo,gate,gate-stall,gate-shadow,greso,pilot-commit,composed"
 
 
 def _study_parser() -> argparse.ArgumentParser:
