@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -48,6 +48,8 @@ class TrainItem:
     lag: int
     """Learner version minus the policy version that generated this turn."""
     admissible: bool = True
+    choices: list[list[int]] = field(default_factory=list)
+    """What the turn's decoding was constrained to (`Turn.choices`); [] = unconstrained."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +100,10 @@ def build_items(
                     stale += 1
                     continue
                 items.append(
-                    TrainItem(turn.prompt_ids, turn.token_ids, turn.logprobs, advantage, trajectory_index, lag, turn.admissible)
+                    TrainItem(
+                        turn.prompt_ids, turn.token_ids, turn.logprobs, advantage, trajectory_index, lag,
+                        turn.admissible, turn.choices,
+                    )
                 )
     return items, ItemCounts(dropped_stale=stale, zero_advantage=zero, turns=turns, invalid_actions=invalid)
 
@@ -221,7 +226,7 @@ class Trainer:
             chunk = batch[lo : lo + self.cfg.micro_batch]
             scores = self.model.completion_logprobs(
                 [it.prompt_ids for it in chunk], [it.token_ids for it in chunk],
-                temperature=self.temperature, top_p=self.top_p,
+                temperature=self.temperature, top_p=self.top_p, **_constraints(chunk),
             )  # [c, T] each
             old = _padded([it.old_logprobs for it in chunk], scores.logprobs.shape[1])  # [c, T]
             advantages = torch.tensor([it.advantage for it in chunk], dtype=torch.float32)  # [c]
@@ -244,7 +249,7 @@ class Trainer:
         with torch.no_grad():
             ref = self.reference.completion_logprobs(
                 [it.prompt_ids for it in chunk], [it.token_ids for it in chunk],
-                temperature=self.temperature, top_p=self.top_p,
+                temperature=self.temperature, top_p=self.top_p, **_constraints(chunk),
             ).logprobs  # [c, T]
         log_ratio = ref - logprobs  # [c, T]
         return (log_ratio.exp() - log_ratio - 1) * mask
@@ -261,3 +266,11 @@ class Trainer:
         self.model.load_state_dict(state["model"])  # type: ignore[attr-defined]
         self.optimizer.load_state_dict(state["optimizer"])
         self._rng.setstate(state["rng"])
+
+
+def _constraints(chunk: list[TrainItem]) -> dict[str, Any]:
+    """`choices=` for `completion_logprobs` when some turn's decoding was constrained, else nothing (so a
+    model that cannot constrain decoding is never asked to)."""
+    if not any(it.choices for it in chunk):
+        return {}
+    return {"choices": [it.choices for it in chunk]}

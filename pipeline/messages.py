@@ -109,6 +109,9 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     policy_version: int
     admissible: bool = True
     """The parsed action was one of the environment's admissible commands (or none were listed)."""
+    choices: list[list[int]] = []
+    """The token sequences decoding was constrained to (`policy.options.choose_admissible`); [] = free.
+    The learner rebuilds the same constrained distribution from them."""
 
 
 class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
@@ -194,6 +197,7 @@ class ActReply(_Message):
     token_ids: list[int] = []
     logprobs: list[float] = []
     policy_version: int = 0
+    choices: list[list[int]] = []
     error: str = ""
 
 

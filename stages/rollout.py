@@ -236,6 +236,7 @@ class RolloutStage:
                     action=act.action,
                     policy_version=act.policy_version,
                     admissible=not observation.admissible or act.action in observation.admissible,
+                    choices=act.choices,
                 )
             )
             with self.profiler.span("rollout", "env_step"):

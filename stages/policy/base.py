@@ -8,7 +8,7 @@ of the same model through `trainable()` and sends weights back with `load_weight
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
@@ -37,6 +37,8 @@ class ActResult:
     logprobs: list[float]
     """Sampling log-probs of `token_ids` under the policy that generated them."""
     policy_version: int
+    choices: list[list[int]] = field(default_factory=list)
+    """The token sequences decoding was constrained to (`stages.policy.choices`); [] = unconstrained."""
 
 
 class CompletionScores(NamedTuple):
@@ -67,10 +69,13 @@ class TrainableModel(Protocol):
         *,
         temperature: float = 1.0,
         top_p: float = 1.0,
+        choices: Sequence[Sequence[Sequence[int]]] | None = None,
     ) -> CompletionScores:
         """Per-token log-probs of each completion given its prompt, under the (temperature, top-p)
         distribution the rollouts sampled from (`stages.policy.sampling.sampled_logprobs`): at unchanged
-        weights they equal the `ActResult.logprobs` recorded at sampling. T is the longest completion."""
+        weights they equal the `ActResult.logprobs` recorded at sampling. T is the longest completion.
+        `choices` (per completion, `ActResult.choices`) is passed only when some decoding was constrained;
+        a backend that cannot constrain decoding never receives it."""
         ...
 
 

@@ -66,7 +66,7 @@ def sampling_entropy(logits: torch.Tensor, *, temperature: float, top_p: float) 
     """Entropy (nats) of the (temperature, top-p) distribution: [..., V] -> [...]."""
     temperature, top_p = _effective(temperature, top_p)
     logp = F.log_softmax(logits.float() / temperature, dim=-1)  # [..., V]
-    kept = nucleus_mask(logp, top_p)  # [..., V]
+    kept = nucleus_mask(logp, top_p) & torch.isfinite(logp)  # [..., V] (masked-out tokens are -inf)
     renorm = logp.masked_fill(~kept, float("-inf"))  # [..., V]
     renorm = renorm - torch.logsumexp(renorm, dim=-1, keepdim=True)
     p = renorm.exp()  # [..., V], 0 outside the nucleus

@@ -59,6 +59,9 @@ class TinyOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     max_prompt_tokens: int = 200
     fuzzy_cutoff: float = 75.0
     """rapidfuzz ratio (0-100) a generated command needs to be mapped to an admissible one."""
+    choose_admissible: bool = False
+    """Decode only admissible commands (`stages.policy.choices`): every action is valid, and the learner
+    scores the same constrained distribution. Off: free generation mapped to a command by `fuzzy_cutoff`."""
     threads: int = 1
     """torch threads in the decoding worker thread."""
     bc_threads: int = 2
@@ -125,6 +128,7 @@ def build_policy(
         threads=opts.threads,
         fuzzy_cutoff=opts.fuzzy_cutoff,
         empty_output_action=cfg.empty_output_action,
+        choose_admissible=opts.choose_admissible,
     )
     log.info("policy.model", params=model.num_parameters(), vocab=len(tokenizer), **model_cfg.to_dict())
     if pretrain.enabled:
@@ -295,7 +299,8 @@ def bc_report(
 
 _NOT_IN_KEY = ("threads", "bc_threads", "bc_eval_tasks", "bc_group_tasks")
 """Options that change speed or the report only, never the weights (thread counts change float rounding
-at most), so a checkpoint is reused whatever they are."""
+at most), so a checkpoint is reused whatever they are. `choose_admissible` joins them unless DAgger runs
+(DAgger's states come from the policy's own, possibly constrained, decoding)."""
 
 
 def cache_key(
@@ -315,7 +320,10 @@ def cache_key(
         "max_steps": suite.max_steps,
         "words": list(fmt.tokenizer.words),
         "model": model_cfg.to_dict(),
-        "options": {k: v for k, v in msgspec.to_builtins(opts).items() if k not in _NOT_IN_KEY},
+        "options": {
+            k: v for k, v in msgspec.to_builtins(opts).items()
+            if k not in _NOT_IN_KEY and (k != "choose_admissible" or (v and pretrain.dagger_rounds))
+        },
         "pretrain": {k: v for k, v in msgspec.to_builtins(pretrain).items() if k != "enabled"},
         "seed": seed,
         "torch": torch.__version__,

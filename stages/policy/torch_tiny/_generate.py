@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from stages.policy.choices import ChoiceTrie, mask_logits, step_mask
 from stages.policy.sampling import sampled_logprobs
 
 from ._model import KVCache, TinyLM
@@ -63,8 +64,13 @@ def generate(
     temperature: float,
     top_p: float,
     stop_ids: Sequence[int],
+    choices: Sequence[Sequence[Sequence[int]]] | None = None,
 ) -> list[Sample]:
-    """Sample a completion for each prompt (prompts must fit `max_len - max_new_tokens`)."""
+    """Sample a completion for each prompt (prompts must fit `max_len - max_new_tokens`).
+
+    With `choices` (per prompt: token sequences, each ending with a stop id; empty = free), each row may
+    only emit a continuation of one of its sequences (`stages.policy.choices`).
+    """
     cfg = model.cfg
     B, P = len(prompts), max(len(p) for p in prompts)
     if P + max_new_tokens > cfg.max_len:
@@ -80,6 +86,7 @@ def generate(
     greedy_t = torch.tensor(list(greedy), dtype=torch.bool)  # [B]
     stops = torch.tensor(list(stop_ids))  # [K]
     cache = KVCache.empty(cfg, B, P + max_new_tokens)
+    tries = [ChoiceTrie(c) if c else None for c in choices] if choices is not None else None
 
     h = model.hidden(ids, positions, key_mask[:, :P], cache, start=0)[:, -1]  # [B, D]
     tokens = torch.empty(B, max_new_tokens, dtype=torch.long)  # [B, N]
@@ -88,6 +95,8 @@ def generate(
     steps = 0
     for t in range(max_new_tokens):
         logits = model.logits(h).float()  # [B, V]
+        if tries is not None:
+            logits = mask_logits(logits, step_mask(tries, tokens[:, :t].tolist(), logits.shape[-1]))
         tok = choose_tokens(logits, uniforms[:, t], greedy_t, temperature=temperature, top_p=top_p)  # [B]
         tokens[:, t] = tok
         logps[:, t] = sampled_logprobs(logits, tok, temperature=temperature, top_p=top_p)

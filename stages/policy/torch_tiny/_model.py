@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stages.policy.base import CompletionScores
+from stages.policy.choices import completion_mask, mask_logits
 from stages.policy.sampling import sampled_logprobs, sampling_entropy
 
 
@@ -148,12 +149,15 @@ class TinyLM(nn.Module):
         *,
         temperature: float = 1.0,
         top_p: float = 1.0,
+        choices: Sequence[Sequence[Sequence[int]]] | None = None,
     ) -> CompletionScores:
         """Log-probs [N, T] of each completion token under the (temperature, top-p) sampling distribution,
         their mask [N, T] and the distribution's entropy [N, T].
 
         Sequences are right-padded, so each row's positions are 0..len-1 as in generation, and the head
-        is applied only at the positions that predict a completion token.
+        is applied only at the positions that predict a completion token. With `choices` (per completion,
+        the token sequences its decoding was constrained to; `stages.policy.choices`), the distribution is
+        the constrained one the tokens were sampled from.
         """
         if len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
@@ -176,6 +180,9 @@ class TinyLM(nn.Module):
         h = self.hidden(ids, torch.arange(L, device=device).expand(N, L))  # [N, L, D]
         h = h.gather(1, predict_at[..., None].expand(-1, -1, h.shape[-1]))  # [N, T, D]
         logits = self.logits(h)  # [N, T, V]
+        if choices is not None:  # the constrained decoding's mask (stages.policy.choices)
+            allowed = completion_mask(choices, completions, T, logits.shape[-1]).to(device)  # [N, T, V]
+            logits = mask_logits(logits, allowed)
         targets = ids.gather(1, targets_at)  # [N, T]
         token_logp = sampled_logprobs(logits, targets, temperature=temperature, top_p=top_p)  # [N, T]
         entropy = sampling_entropy(logits, temperature=temperature, top_p=top_p)  # [N, T]

@@ -291,6 +291,8 @@ def rollout_lockstep(
                     temperature=sampling.temperature,
                     top_p=sampling.top_p,
                     stop_ids=(tok.eos_id, tok.nl_id),
+                    choices=[sampling.choices(fmt, obs[i].admissible) for i in live[b : b + sampling.max_batch]]
+                    if sampling.choose_admissible else None,
                 )
             still = []
             for i, prompt, sample in zip(live, prompts, samples_out, strict=True):

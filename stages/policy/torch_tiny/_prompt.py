@@ -66,6 +66,12 @@ class PromptFormat:
         """Target ids of an action: its words then `<eos>`."""
         return [*self.tokenizer.encode(action), self.tokenizer.eos_id]
 
+    def choices(self, admissible: Sequence[str], max_tokens: int) -> list[list[int]]:
+        """The completions decoding may be constrained to (`stages.policy.choices`): each admissible
+        command that fits `max_tokens` and has no unknown word. Empty (unconstrained) when none does."""
+        out = [self.completion(c) for c in admissible]
+        return [c for c in out if len(c) <= max_tokens and self.tokenizer.unk_id not in c]
+
     def _observation(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)[: self.max_obs_tokens]
 

@@ -56,6 +56,12 @@ class SamplingConfig:
     fuzzy_cutoff: float = 75.0
     empty_output_action: str = ""
     """The action sent for an empty output (the reference: "look")."""
+    choose_admissible: bool = False
+    """Decode only admissible commands (`stages.policy.choices`); the choices travel with each result."""
+
+    def choices(self, prompt: PromptFormat, admissible: Sequence[str]) -> list[list[int]]:
+        """What a request's decoding is constrained to ([] = free)."""
+        return prompt.choices(admissible, self.max_new_tokens) if self.choose_admissible else []
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +237,7 @@ class TorchTinyPolicy:
             torch.set_num_threads(s.threads)
         uniforms = torch.stack([self._uniforms(number, greedy) for _, _, greedy, number in jobs])  # [B, N]
         tok = self.prompt.tokenizer
+        choices = [s.choices(self.prompt, admissible) for _, admissible, _, _ in jobs]
         with self.profiler.bind_thread("policy"), self._model_lock:
             self._apply_pending()
             version = self.version
@@ -244,10 +251,11 @@ class TorchTinyPolicy:
                     temperature=s.temperature,
                     top_p=s.top_p,
                     stop_ids=(tok.eos_id, tok.nl_id),
+                    choices=choices if s.choose_admissible else None,
                 )
             self.profiler.items("policy", len(jobs))
         results = []
-        for (prompt, admissible, _, _), sample in zip(jobs, samples, strict=True):
+        for (prompt, admissible, _, _), sample, options in zip(jobs, samples, choices, strict=True):
             text = tok.decode(sample.token_ids)
             results.append(
                 ActResult(
@@ -257,6 +265,7 @@ class TorchTinyPolicy:
                     token_ids=sample.token_ids,
                     logprobs=sample.logprobs,
                     policy_version=version,
+                    choices=options,
                 )
             )
         return results

@@ -124,3 +124,33 @@ def test_recorded_logprobs_are_those_of_the_sampled_distribution_not_temperature
     for i, s in enumerate(samples):
         old[i, : len(s.logprobs)] = torch.tensor(s.logprobs)
     assert float(((old - t1.detach()).abs() * mask).max()) > 1e-3
+
+
+@pytest.mark.parametrize(("temperature", "top_p", "greedy"), [(1.0, 1.0, False), (0.7, 0.95, False), (0.7, 0.95, True)])
+def test_constrained_decoding_emits_only_choices_and_the_learner_scores_it_exactly(
+    model: TinyLM, temperature: float, top_p: float, greedy: bool
+) -> None:
+    choices = [[[9, 10, 2], [9, 11, 12, 2], [13, 2]], [[9, 10, 2]], []]  # the last prompt decodes freely
+    prompts = PROMPTS * 6
+    uniforms = torch.stack([request_uniforms(3, i, 6) for i in range(len(prompts))])
+    samples = generate(
+        model, prompts, uniforms=uniforms, greedy=[greedy] * len(prompts), max_new_tokens=6,
+        temperature=temperature, top_p=top_p, stop_ids=(2, 4), choices=choices * 6,
+    )
+    for i, s in enumerate(samples):
+        if choices[i % 3]:
+            assert s.token_ids in choices[i % 3]
+    assert len({tuple(s.token_ids) for s in samples[::3]}) >= (1 if greedy else 2)  # sampled, not fixed
+    scored = model.completion_logprobs(
+        prompts, [s.token_ids for s in samples], temperature=temperature, top_p=top_p, choices=choices * 6
+    )
+    recorded = torch.zeros_like(scored.logprobs)
+    for i, s in enumerate(samples):
+        recorded[i, : len(s.logprobs)] = torch.tensor(s.logprobs)
+    torch.testing.assert_close(scored.logprobs, recorded, atol=1e-5, rtol=0)
+    assert torch.isfinite(scored.entropy).all()
+    # Scoring without the constraint gives other log-probs: the mask is what makes them agree.
+    free = model.completion_logprobs(prompts, [s.token_ids for s in samples], temperature=temperature, top_p=top_p)
+    assert not torch.allclose(free.logprobs[0::3], recorded[0::3], atol=1e-3)
+    # The single-choice prompt is certain: every token has log-prob 0 under the constraint.
+    assert float(scored.logprobs[1::3].abs().max()) < 1e-6

@@ -239,3 +239,21 @@ async def test_trainable_is_an_independent_copy_with_ratio_one(model: TinyLM, fm
     with torch.no_grad():
         next(learner.parameters()).add_(1.0)
     assert not torch.equal(next(learner.parameters()), next(policy.model.parameters()))
+
+
+async def test_choose_admissible_acts_only_admissible_commands_and_records_the_choices(
+    model: TinyLM, fmt: PromptFormat
+) -> None:
+    policy = make_policy(model, fmt, seed=4, choose_admissible=True)
+    async with serving(policy):
+        results = await act_in_order(policy, CONTEXTS)
+    for context, result in zip(CONTEXTS, results, strict=True):
+        assert result.action in context.admissible
+        assert result.choices == [fmt.completion(c) for c in context.admissible]
+    learner = policy.trainable()
+    scores = learner.completion_logprobs(
+        [r.prompt_ids for r in results], [r.token_ids for r in results],
+        temperature=policy.sampling.temperature, top_p=policy.sampling.top_p, choices=[r.choices for r in results],
+    )
+    for i, r in enumerate(results):
+        torch.testing.assert_close(scores.logprobs[i, : len(r.logprobs)], torch.tensor(r.logprobs), atol=1e-5, rtol=0)
