@@ -33,14 +33,17 @@ from stages.rollout import RolloutStage
 TEMPERATURE, TOP_P = 0.7, 0.95
 
 
-def _policy(show_admissible: bool) -> tuple[TorchTinyPolicy, PromptFormat, object]:
+def _policy(show_admissible: bool, choose_admissible: bool) -> tuple[TorchTinyPolicy, PromptFormat, object]:
     suite = ENVS.get("household")(max_steps=12)
     tokenizer = WordTokenizer.from_vocabulary(suite.vocabulary())
     # A short prompt budget so that history, admissible commands and observations all get truncated.
     fmt = PromptFormat(tokenizer, history=8, show_admissible=show_admissible, max_obs_tokens=64, max_prompt_tokens=90)
     torch.manual_seed(0)
     model = TinyLM(ModelConfig(vocab_size=len(tokenizer), pad_id=tokenizer.pad_id, layers=2, d_model=64, heads=2, max_len=104))
-    sampling = SamplingConfig(temperature=TEMPERATURE, top_p=TOP_P, max_new_tokens=12, max_batch=16, max_wait_ms=0.5)
+    sampling = SamplingConfig(
+        temperature=TEMPERATURE, top_p=TOP_P, max_new_tokens=12, max_batch=16, max_wait_ms=0.5,
+        choose_admissible=choose_admissible,
+    )
     return TorchTinyPolicy(model, fmt, sampling, seed=5), fmt, suite
 
 
@@ -56,9 +59,12 @@ async def _roll_out(policy: TorchTinyPolicy, suite, size: int = 4) -> GroupResul
     return result
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["history", "history+admissible"])
+@pytest.fixture(
+    scope="module", params=[(False, False), (True, False), (False, True)],
+    ids=["history", "history+admissible", "choose_admissible"],
+)
 def rolled(request):
-    policy, fmt, suite = _policy(request.param)
+    policy, fmt, suite = _policy(*request.param)
     result = trio.run(_roll_out, policy, suite)
     return policy, fmt, suite, result
 
@@ -97,14 +103,21 @@ def test_learner_logprobs_equal_the_sampling_logprobs_for_every_token(rolled) ->
     learner = policy.trainable()
     turns = [t for tr in result.trajectories for t in tr.turns]
     scores = learner.completion_logprobs(
-        [t.prompt_ids for t in turns], [t.token_ids for t in turns], temperature=TEMPERATURE, top_p=TOP_P
+        [t.prompt_ids for t in turns], [t.token_ids for t in turns], temperature=TEMPERATURE, top_p=TOP_P,
+        **_choices(turns),
     )
     for i, turn in enumerate(turns):
         n = len(turn.token_ids)
         assert scores.mask[i].sum() == n
         torch.testing.assert_close(scores.logprobs[i, :n].detach(), torch.tensor(turn.logprobs), atol=1e-5, rtol=0)
-    # the fed-back tokens include unstopped completions cut at max_new_tokens and the stop token
-    assert any(len(t.token_ids) == 12 for t in turns)
+    if policy.sampling.choose_admissible:  # every action is one of the choices, recorded with it
+        assert all(t.admissible and t.choices and t.token_ids in t.choices for t in turns)
+    else:  # the fed-back tokens include unstopped completions cut at max_new_tokens and the stop token
+        assert any(len(t.token_ids) == 12 for t in turns)
+
+
+def _choices(turns) -> dict:
+    return {"choices": [t.choices for t in turns]} if any(t.choices for t in turns) else {}
 
 
 def test_one_update_raises_the_winner_and_lowers_the_loser(rolled) -> None:
@@ -123,12 +136,13 @@ def test_one_update_raises_the_winner_and_lowers_the_loser(rolled) -> None:
         with torch.no_grad():
             scores = model.completion_logprobs(
                 [t.prompt_ids for t in trajectory.turns], [t.token_ids for t in trajectory.turns],
-                temperature=TEMPERATURE, top_p=TOP_P,
+                temperature=TEMPERATURE, top_p=TOP_P, **_choices(trajectory.turns),
             )
         return float(scores.logprobs.sum())
 
     before = total_logprob(winner), total_logprob(loser)
-    trainer.update([group])
+    _, metrics = trainer.update([group])
     after = total_logprob(winner), total_logprob(loser)
+    assert metrics["learner/approx_kl"] == pytest.approx(0.0, abs=1e-6)  # scored as sampled (choices included)
     assert after[0] > before[0]
     assert after[1] < before[1]
