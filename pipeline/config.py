@@ -185,7 +185,7 @@ def _to_toml(data: dict[str, Any]) -> str:
     for section, body in data.items():
         if isinstance(body, dict):
             lines.append(f"[{section}]")
-            lines += [f"{k} = {_toml_value(v)}" for k, v in body.items()]
+            lines += [f"{k} = {_toml_value(v)}" for k, v in body.items() if v is not None]  # None: key left out
             lines.append("")
         elif isinstance(body, list) and body and all(isinstance(b, dict) for b in body):
             for item in body:

@@ -6,6 +6,7 @@ Each section checks its own value ranges (`problems()`); checks that span sectio
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -170,23 +171,40 @@ class RolloutSection(_Section):
 class GateSection(_Section):
     enabled: bool = True
     name: str = "prefix_edit_distance"
-    k: int = 12
-    tau: float = 0.5
-    """Cut iff d_K < tau. The reference's 0.12 (a 7B model) never fires with the tiny default policy,
-    whose prefixes are far more diverse; K=12, tau=0.5 saves most at precision >= 0.8 on this workload
-    (docs/gate.md, bench/calibrate_gate.py). The stall gate (configs/stall.toml) saves far more."""
-    checkpoints: list[int] = []
-    """Extra checkpoints K (besides `k`) at which the gate is evaluated; empty = only `k`."""
+    k: int | None = None
+    """Shorthand for `options.k`, the gate's checkpoint K (None: the gate's own default; the prefix gate's
+    is K=12, tau=0.5, calibrated on this workload in docs/gate.md)."""
+    tau: float | None = None
+    """Shorthand for `options.tau`: cut iff the gate's statistic < tau (None: the gate's default)."""
+    checkpoints: list[int] | None = None
+    """Shorthand for `options.checkpoints`: extra checkpoints K besides `k` (None: the gate's default)."""
     shadow: bool = False
     """Record decisions without cutting, to measure precision/recall online."""
     options: dict[str, Any] = {}
+    """The gate's own options (its `Options` Struct, decoded strictly): docs/plugins.md."""
 
     def problems(self) -> list[str]:
-        return _failed(
-            (self.k >= 1, "gate.k must be >= 1"),
-            (self.tau >= 0, "gate.tau must be >= 0"),
-            (all(k >= 1 for k in self.checkpoints), "gate.checkpoints must all be >= 1"),
+        shortcuts = {"k": self.k, "tau": self.tau, "checkpoints": self.checkpoints}
+        both = [f"gate.{key} and gate.options.{key} are both set: keep one" for key, value in shortcuts.items()
+                if value is not None and key in self.options]
+        return both + _failed(
+            (self.k is None or self.k >= 1, "gate.k must be >= 1"),
+            (self.tau is None or self.tau >= 0, "gate.tau must be >= 0"),
+            (all(k >= 1 for k in self.checkpoints or ()), "gate.checkpoints must all be >= 1"),
         )
+
+    def gate_options(self) -> dict[str, Any]:
+        """`options` with k / tau / checkpoints folded in where set: what the gate's `Options` decodes."""
+        return gate_options(self.options, k=self.k, tau=self.tau, checkpoints=self.checkpoints)
+
+
+def gate_options(
+    options: Mapping[str, Any], *, k: int | None = None, tau: float | None = None, checkpoints: Sequence[int] | None = None
+) -> dict[str, Any]:
+    """A gate's options table with the `[gate]` keys k / tau / checkpoints folded in where they are set
+    (None: the gate's own default). `GateSection.problems` refuses a key set both ways."""
+    shortcuts = {"k": k, "tau": tau, "checkpoints": None if checkpoints is None else list(checkpoints)}
+    return dict(options) | {key: value for key, value in shortcuts.items() if value is not None}
 
 
 class AllocatorSection(_Section):

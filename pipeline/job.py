@@ -20,7 +20,7 @@ import structlog
 import torch
 import trio
 
-from gates import GATES
+from gates import GATES, build_gate, check_gate
 from gates.allocators import AllocatorContext, build_allocator, check_allocator
 from learner.aggregation import AGGREGATIONS
 from learner.losses import LOSSES
@@ -46,20 +46,22 @@ log = structlog.get_logger(__name__)
 
 
 def name_checks(cfg: RunConfig) -> list[str]:
-    """Every configured name that does not resolve, for `load_config(extra_checks=...)`."""
+    """Every configured name that does not resolve and every bad gate or allocator option, for
+    `load_config(extra_checks=...)`; the other plugins are built by `build_checks` once every name resolves."""
     problems = ENVS.check(cfg.env.name, "env.name")
     policy_problems = POLICIES.check(cfg.policy.backend, "policy.backend")
     if not policy_problems:  # a backend may validate its own section (`build.check`): vllm's install, model
         policy_problems = getattr(POLICIES.get(cfg.policy.backend), "check", lambda _: [])(cfg.policy)
     problems += policy_problems
-    problems += GATES.check(cfg.gate.name, "gate.name")
+    gate_problems = GATES.check(cfg.gate.name, "gate.name")
+    if not gate_problems and cfg.gate.enabled and not cfg.gate.problems():  # (a bad gate.k / gate.tau is listed)
+        gate_problems = _gate_problems(cfg)
+    problems += gate_problems
     problems += LOSSES.check(cfg.learner.loss, "learner.loss")
     problems += AGGREGATIONS.check(cfg.learner.aggregation, "learner.aggregation")
     problems += [f"allocator: {p}" for p in check_allocator(cfg.allocator.name, cfg.allocator.options)]
     for i, spec in enumerate(cfg.stages):
         problems += STAGES.check(spec.target, f"stages[{i}].target")
-    if cfg.gate.k > cfg.env.max_steps:
-        problems.append(f"gate.k ({cfg.gate.k}) is beyond env.max_steps ({cfg.env.max_steps}): the gate could never fire")
     return problems + (build_checks(cfg) if not problems else [])
 
 
@@ -78,9 +80,6 @@ def build_checks(cfg: RunConfig) -> list[str]:
         except _BUILD_ERRORS as exc:
             problems.append(f"{where}: {exc}")
 
-    if cfg.gate.enabled:
-        gate_cls = GATES.get(cfg.gate.name)
-        attempt("gate.options", lambda: gate_cls(k=cfg.gate.k, tau=cfg.gate.tau, checkpoints=cfg.gate.checkpoints, **cfg.gate.options))
     attempt("env", lambda: build_suite(cfg))
     check_policy = getattr(POLICIES.get(cfg.policy.backend), "check_options", None)
     if check_policy is not None:
@@ -88,6 +87,21 @@ def build_checks(cfg: RunConfig) -> list[str]:
     for i, spec in enumerate(cfg.stages):
         attempt(f"stages[{i}]", lambda spec=spec: build_stage(spec.target, spec.options))
     return problems
+
+
+def _gate_problems(cfg: RunConfig) -> list[str]:
+    """The gate's options decoded into its `Options` and the gate built; its first checkpoint must be reachable."""
+    problems = check_gate(cfg.gate.name, cfg.gate.gate_options())
+    if problems:
+        return problems
+    try:
+        gate = build_gate(cfg.gate.name, cfg.gate.gate_options())
+    except _BUILD_ERRORS as exc:
+        return [f"gate.options: {exc}"]
+    first = min(getattr(gate, "checkpoints", None) or [0])
+    if first > cfg.env.max_steps:
+        return [f"gate.k ({first}) is beyond env.max_steps ({cfg.env.max_steps}): the gate could never fire"]
+    return []
 
 
 def load(path: str | Path | None, overrides: Sequence[str]) -> RunConfig:

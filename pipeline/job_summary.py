@@ -67,12 +67,21 @@ def summary(
     }
 
 
+def gate_label(cfg: RunConfig, outcome: GrpoOutcome) -> str:
+    """"name K=.. tau=.." from the gate's resolved options (its own defaults included), "off" without one."""
+    if not cfg.gate.enabled or outcome.gate is None:
+        return "off"
+    options = getattr(outcome.gate.gate, "options", None)
+    shown = [f"{label}={getattr(options, key)}" for label, key in (("K", "k"), ("tau", "tau")) if hasattr(options, key)]
+    return " ".join([cfg.gate.name, *shown]) + (" shadow" if cfg.gate.shadow else "")
+
+
 def _group_figures(cfg: RunConfig, outcome: GrpoOutcome, gate_stats: dict[str, Any]) -> dict[str, Any]:
     """What happened to the groups: admitted, cut, trained, by outcome and by kind."""
     tally, learner = outcome.tally, outcome.learner.counters
     return {
         "seed": cfg.run.seed,
-        "gate": f"{cfg.gate.name} K={cfg.gate.k} tau={cfg.gate.tau}" + (" shadow" if cfg.gate.shadow else "") if cfg.gate.enabled else "off",
+        "gate": gate_label(cfg, outcome),
         "allocator": cfg.allocator.name,
         "stop_reason": outcome.stop_reason,
         "groups_admitted": outcome.admission.groups_admitted,

@@ -42,7 +42,7 @@ class ForgedActionGate:
 
     name = "forged_probe"
 
-    def __init__(self, *, k: int, tau: float, checkpoints: Any = ()) -> None:
+    def __init__(self) -> None:  # no `Options`: it takes none
         self.forged_seen = 0
 
     def open(self, group_id: int, size: int) -> None:
