@@ -85,7 +85,7 @@ def build_checks(cfg: RunConfig) -> list[str]:
     if check_policy is not None:
         problems += [f"policy.options: {p}" for p in check_policy(cfg.policy)]
     for i, spec in enumerate(cfg.stages):
-        attempt(f"stages[{i}]", lambda spec=spec: build_stage(spec.target, spec.options))
+        attempt(f"stages[{i}]", lambda i=i, spec=spec: build_stage(spec.target, spec.options, f"stages[{i}].options"))
     return problems
 
 
@@ -284,7 +284,7 @@ def _grpo_parts(
         allocator.load_state_dict(checkpoint["allocator"])
         trainer.load_state_dict(checkpoint["trainer"])
         resume.set_rng_state(checkpoint["rng"])
-    observers = [build_stage(spec.target, spec.options) for spec in cfg.stages]
+    observers = [build_stage(spec.target, spec.options, f"stages[{i}].options") for i, spec in enumerate(cfg.stages)]
     profiler = Profiler.from_config(cfg.profile, thread_cpu=cfg.profile.thread_cpu, gpu_stages=cfg.profile.gpu_stages)
     checkpointer = resume.Checkpointer(run_dir, cfg.run.checkpoint_every, job)
     checkpointer.latest = checkpoint

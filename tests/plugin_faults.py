@@ -14,6 +14,7 @@ import random
 import threading
 from typing import Any
 
+import msgspec
 import trio
 
 from pipeline.messages import WeightsPublished
@@ -31,8 +32,12 @@ class StopAfter:
 
     name = "stop_after"
 
-    def __init__(self, *, key: str, updates: int = 1) -> None:
-        self.key, self.updates = key, updates
+    class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+        key: str
+        updates: int = 1
+
+    def __init__(self, options: Options) -> None:
+        self.key, self.updates = options.key, options.updates
 
     async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         events = ctx.subscribe()

@@ -11,6 +11,7 @@ import trio
 
 from pipeline.config import TransportSection
 from pipeline.messages import CancelGroup, GroupResult, PhaseFinished, WeightsPublished
+from pipeline.plugins import build_plugin
 from pipeline.profiling import Profiler
 from pipeline.stage import StageContext
 from pipeline.transport import open_context
@@ -27,7 +28,7 @@ def _stage_class():
 
 
 async def test_the_documented_stage_counts_everything_and_returns_at_phase_finished(tmp_path):
-    stage = _stage_class()()
+    stage = build_plugin(_stage_class(), {"path": "cuts.json"}, "stages[0].options", "stage 'cut_counter'")
     addresses = TransportSection(events="inproc://doc-events")
     async with open_context() as zmq:
         pub = zmq.socket("pub", addresses.events, bind=True)
