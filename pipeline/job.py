@@ -25,7 +25,8 @@ from gates.allocators import AllocatorContext, build_allocator, check_allocator
 from learner.aggregation import AGGREGATIONS
 from learner.losses import LOSSES
 from learner.trainer import Trainer
-from stages.envs import ENVS, EnvSuite, Task
+from stages import envs
+from stages.envs import EnvSuite, Task
 from stages.evaluate import EvalReport, evaluate_splits
 from stages.policy import POLICIES, Policy
 from stages.policy.workers import WorkerPoolPolicy
@@ -48,7 +49,7 @@ log = structlog.get_logger(__name__)
 def name_checks(cfg: RunConfig) -> list[str]:
     """Every configured name that does not resolve and every bad gate or allocator option, for
     `load_config(extra_checks=...)`; the other plugins are built by `build_checks` once every name resolves."""
-    problems = ENVS.check(cfg.env.name, "env.name")
+    problems = envs.check_suite(cfg.env.name, cfg.env.options)
     policy_problems = POLICIES.check(cfg.policy.backend, "policy.backend")
     if not policy_problems:  # a backend may validate its own section (`build.check`): vllm's install, model
         policy_problems = getattr(POLICIES.get(cfg.policy.backend), "check", lambda _: [])(cfg.policy)
@@ -109,7 +110,7 @@ def load(path: str | Path | None, overrides: Sequence[str]) -> RunConfig:
 
 
 def build_suite(cfg: RunConfig) -> EnvSuite:
-    return ENVS.get(cfg.env.name)(max_steps=cfg.env.max_steps, **cfg.env.options)
+    return envs.build_suite(cfg.env.name, cfg.env.options, max_steps=cfg.env.max_steps)
 
 
 def build_policy(cfg: RunConfig, suite: EnvSuite, *, workers: int | None = None) -> Policy:
