@@ -38,6 +38,7 @@ from .failure import failure_message, save_on_failure
 from .grpo import GrpoOutcome, run_grpo
 from .job_summary import family_table, fmt_eval, mean_success, reports_from_json, reports_to_json, summary
 from .memory import tune_malloc
+from .plugins import option_problems
 from .profiling import Profiler
 from .progress import Progress
 from .rundir import MetricsWriter, configure_logging, create_run_dir, write_summary
@@ -47,12 +48,15 @@ log = structlog.get_logger(__name__)
 
 
 def name_checks(cfg: RunConfig) -> list[str]:
-    """Every configured name that does not resolve and every bad gate or allocator option, for
-    `load_config(extra_checks=...)`; the other plugins are built by `build_checks` once every name resolves."""
+    """Every configured name that does not resolve and every bad plugin option (env, policy, gate, allocator,
+    stages), for `load_config(extra_checks=...)`; `build_checks` then builds what it can once all are fine."""
     problems = envs.check_suite(cfg.env.name, cfg.env.options)
     policy_problems = POLICIES.check(cfg.policy.backend, "policy.backend")
     if not policy_problems:  # a backend may validate its own section (`build.check`): vllm's install, model
         policy_problems = getattr(POLICIES.get(cfg.policy.backend), "check", lambda _: [])(cfg.policy)
+    if not policy_problems:  # ... and its options (`build.check_options`)
+        check_policy = getattr(POLICIES.get(cfg.policy.backend), "check_options", lambda _: [])
+        policy_problems = [f"policy.options: {p}" for p in check_policy(cfg.policy)]
     problems += policy_problems
     gate_problems = GATES.check(cfg.gate.name, "gate.name")
     if not gate_problems and cfg.gate.enabled and not cfg.gate.problems():  # (a bad gate.k / gate.tau is listed)
@@ -62,7 +66,10 @@ def name_checks(cfg: RunConfig) -> list[str]:
     problems += AGGREGATIONS.check(cfg.learner.aggregation, "learner.aggregation")
     problems += [f"allocator: {p}" for p in check_allocator(cfg.allocator.name, cfg.allocator.options)]
     for i, spec in enumerate(cfg.stages):
-        problems += STAGES.check(spec.target, f"stages[{i}].target")
+        stage_problems = STAGES.check(spec.target, f"stages[{i}].target")
+        problems += stage_problems or option_problems(
+            STAGES.get(spec.target), spec.options, f"stages[{i}].options", f"stage {spec.target!r}"
+        )
     return problems + (build_checks(cfg) if not problems else [])
 
 
@@ -70,9 +77,9 @@ _BUILD_ERRORS = (TypeError, ValueError, LookupError, OSError, ImportError)
 
 
 def build_checks(cfg: RunConfig) -> list[str]:
-    """Build every plugin with its options (cheap constructors, no warm start) so a bad option or a missing
-    games folder fails `run.py check` and the start of `run.py` with exit 2, not a traceback after the warm
-    start. A policy backend may offer `check_options(policy_section) -> list[str]` for its options."""
+    """Build the environment suite and the custom stages (cheap constructors, no warm start) so what only
+    building finds (a missing games folder, a check across options) fails `run.py check` and the start of
+    `run.py` with exit 2, not a traceback after the warm start."""
     problems: list[str] = []
 
     def attempt(where: str, build: Any) -> None:
@@ -82,9 +89,6 @@ def build_checks(cfg: RunConfig) -> list[str]:
             problems.append(f"{where}: {exc}")
 
     attempt("env", lambda: build_suite(cfg))
-    check_policy = getattr(POLICIES.get(cfg.policy.backend), "check_options", None)
-    if check_policy is not None:
-        problems += [f"policy.options: {p}" for p in check_policy(cfg.policy)]
     for i, spec in enumerate(cfg.stages):
         attempt(f"stages[{i}]", lambda i=i, spec=spec: build_stage(spec.target, spec.options, f"stages[{i}].options"))
     return problems
