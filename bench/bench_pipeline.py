@@ -18,20 +18,23 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import trio
 
-from gates.allocators import AllocatorContext, build_allocator
-from learner.losses import LOSSES
-from learner.trainer import Trainer
-from pipeline.grpo import run_grpo
-from pipeline.job import build_policy, build_suite, load
-from pipeline.profiling import Profiler
-from pipeline.rundir import MetricsWriter, configure_logging
-from stages.episode import EpisodeStep, play_episode
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, as the other benches
+
+from gates.allocators import AllocatorContext, build_allocator  # noqa: E402
+from learner.losses import LOSSES  # noqa: E402
+from learner.trainer import Trainer  # noqa: E402
+from pipeline.grpo import run_grpo  # noqa: E402
+from pipeline.job import build_policy, build_suite, load  # noqa: E402
+from pipeline.profiling import Profiler  # noqa: E402
+from pipeline.rundir import MetricsWriter, configure_logging  # noqa: E402
+from stages.episode import EpisodeStep, play_episode  # noqa: E402
 
 
 async def bare_loop(policy, suite, tasks, slots: int, seconds: float) -> float:
