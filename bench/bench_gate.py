@@ -89,7 +89,7 @@ def cold_us(groups) -> float:
 
 
 def streaming_us(groups) -> float:
-    gate = PrefixEditDistanceGate(k=K, tau=0.12)
+    gate = PrefixEditDistanceGate(PrefixEditDistanceGate.Options(k=K, tau=0.12))
     events = []
     for gid, group in enumerate(groups):
         for s in range(K):

@@ -20,6 +20,7 @@ import tempfile
 import tracemalloc
 from pathlib import Path
 
+import msgspec
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -42,7 +43,11 @@ class MemoryProbe:
 
     name = "memory_probe"
 
-    def __init__(self, *, steps: int) -> None:
+    class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+        steps: int
+
+    def __init__(self, options: Options) -> None:
+        steps = options.steps
         self.marks = [steps, 10 * steps]
 
     async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -18,20 +18,23 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import trio
 
-from gates.allocators import AllocatorContext, build_allocator
-from learner.losses import LOSSES
-from learner.trainer import Trainer
-from pipeline.grpo import run_grpo
-from pipeline.job import build_policy, build_suite, load
-from pipeline.profiling import Profiler
-from pipeline.rundir import MetricsWriter, configure_logging
-from stages.policy.base import AgentContext
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, as the other benches
+
+from gates.allocators import AllocatorContext, build_allocator  # noqa: E402
+from learner.losses import LOSSES  # noqa: E402
+from learner.trainer import Trainer  # noqa: E402
+from pipeline.grpo import run_grpo  # noqa: E402
+from pipeline.job import build_policy, build_suite, load  # noqa: E402
+from pipeline.profiling import Profiler  # noqa: E402
+from pipeline.rundir import MetricsWriter, configure_logging  # noqa: E402
+from stages.episode import EpisodeStep, play_episode  # noqa: E402
 
 
 async def bare_loop(policy, suite, tasks, slots: int, seconds: float) -> float:
@@ -39,23 +42,15 @@ async def bare_loop(policy, suite, tasks, slots: int, seconds: float) -> float:
     steps = 0
     task_iter = itertools.cycle(tasks)
 
-    async def worker() -> None:
+    async def count(step: EpisodeStep) -> None:
         nonlocal steps
+        steps += 1
+
+    async def worker() -> None:
         while True:
-            task = next(task_iter)
             env = suite.make()
             try:
-                obs = env.reset(task)
-                history: list[tuple[str, str]] = []
-                for _ in range(suite.max_steps):
-                    context = AgentContext(task.description, obs.text, obs.admissible, tuple(history))
-                    action = (await policy.act(context)).action
-                    result = env.step(action)
-                    steps += 1
-                    history.append((obs.text, action))
-                    obs = result.observation
-                    if result.done:
-                        break
+                await play_episode(policy, env, next(task_iter), suite.max_steps, on_step=count)
             finally:
                 env.close()
 

@@ -33,7 +33,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gates import GATES  # noqa: E402
+from gates import build_gate  # noqa: E402
 from gates.calibration import (  # noqa: E402
     Checkpoint,
     RecordedGroup,
@@ -148,7 +148,7 @@ class Candidate:
         return f"{self.gate}{' ' + opts if opts else ''}"
 
     def build(self, ks: Sequence[int], tau: float):
-        return GATES.get(self.gate)(k=ks[0], tau=tau, checkpoints=list(ks), **self.options)
+        return build_gate(self.gate, {**self.options, "k": ks[0], "tau": tau, "checkpoints": list(ks)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +253,7 @@ def families(groups: Sequence[RecordedGroup], candidates: Sequence[Candidate], c
 
         def gate(row: Row):
             members = [{"name": a.gate, "tau": row.tau[0], **a.options}, {"name": b.gate, "tau": row.tau[1], **b.options}]
-            return GATES.get(f"{mode}_of")(k=row.ks[0], tau=1.0, checkpoints=list(row.ks), gates=members)
+            return build_gate(f"{mode}_of", {"k": row.ks[0], "tau": 1.0, "checkpoints": list(row.ks), "gates": members})
 
         return Family(f"{mode}_of({a.label()}, {b.label()})",
                       lambda idx: sweep_combined(a, b, Scorer([groups[i] for i in idx]), [va[i] for i in idx], [vb[i] for i in idx], mode),

@@ -23,9 +23,15 @@ from pipeline.stage import StageContext
 class JsonlGroupWriter:
     name = "jsonl_writer"
 
-    def __init__(self, path: str = "groups.jsonl", include_tokens: bool = False) -> None:
-        self.path = path
-        self.include_tokens = include_tokens
+    class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+        path: str = "groups.jsonl"
+        """Relative paths land in the run folder."""
+        include_tokens: bool = False
+        """Write each turn's token ids and log-probs (else only the actions)."""
+
+    def __init__(self, options: Options = Options()) -> None:  # noqa: B008 (a frozen Struct)
+        self.path = options.path
+        self.include_tokens = options.include_tokens
         self.written = 0
 
     def _row(self, group: GroupResult) -> dict:

@@ -12,8 +12,11 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import msgspec
+
 from pipeline.messages import RolloutFailed, StepEvent
 
+from .base import Checkpoint, Threshold
 from .prefix import GateDecision
 
 
@@ -32,17 +35,25 @@ class _Group:
 class CheckpointGate(abc.ABC):
     """Base of threshold gates over the step stream (the `gates.base.Gate` shape).
 
-    Subclasses set `name` and implement `statistic(steps, k) -> float` (pure; lower = more surely a
+    Subclasses set `name`, define `Options` (a subclass of `CheckpointGate.Options` with their own
+    defaults and extra options) and implement `statistic(steps, k) -> float` (pure; lower = more surely a
     zero-variance group) and may override `describe`.
     """
 
     name = "checkpoint"
 
-    def __init__(self, *, k: int, tau: float, checkpoints: Sequence[int] = ()) -> None:
-        self.tau = tau
-        self.checkpoints = sorted({k, *checkpoints})
-        if self.checkpoints[0] < 1:
-            raise ValueError(f"{self.name} gate: checkpoints must be >= 1, got {self.checkpoints}")
+    class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+        k: Checkpoint
+        """The first checkpoint K."""
+        tau: Threshold
+        """Cut iff the statistic < tau."""
+        checkpoints: list[Checkpoint] = []
+        """Extra checkpoints K (besides `k`), evaluated in order until one cuts."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.tau = options.tau
+        self.checkpoints = sorted({options.k, *options.checkpoints})
         self._groups: dict[int, _Group] = {}
 
     @abc.abstractmethod

@@ -1,13 +1,27 @@
-"""The in-flight gate contract: it watches a group's step stream and may decide to cut it."""
+"""The in-flight gate contract: it watches a group's step stream and may decide to cut it.
+
+A gate is constructed as `Gate(options)` from its own strict `Options` Struct (the plugin convention of
+`pipeline.plugins`); a threshold gate's options hold its checkpoint `k`, extra `checkpoints` and
+threshold `tau`, each with the gate's one default (the `[gate]` keys k / tau / checkpoints of a config
+only override them: `gates.gate_options`).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Annotated, Protocol, runtime_checkable
+
+import msgspec
 
 from pipeline.messages import RolloutFailed, StepEvent
 
 if TYPE_CHECKING:
     from .prefix import GateDecision
+
+
+Checkpoint = Annotated[int, msgspec.Meta(ge=1)]
+"""A step count K at which a gate evaluates a group (>= 1)."""
+Threshold = Annotated[float, msgspec.Meta(ge=0)]
+"""A gate's tau (>= 0)."""
 
 
 @runtime_checkable

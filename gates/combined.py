@@ -18,12 +18,14 @@ that value < `tau` (1.0: each member at its own threshold; a smaller tau tighten
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
+
+import msgspec
 
 from pipeline.messages import RolloutFailed, StepEvent
 
-from .base import Gate
+from .base import Checkpoint, Gate, Threshold
 from .prefix import GateDecision
 
 
@@ -41,22 +43,36 @@ class AllOfGate:
     name = "all_of"
     mode = "all"
 
-    def __init__(self, *, k: int, tau: float = 1.0, checkpoints: Sequence[int] = (), gates: Sequence[Mapping[str, Any]] = ()) -> None:
-        from . import GATES  # the registry imports this module
+    class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+        k: Checkpoint = 12
+        """The first checkpoint K, every member's."""
+        tau: Threshold = 1.0
+        """Cut iff the combined value (max or min of value_i / tau_i) < tau."""
+        checkpoints: list[Checkpoint] = []
+        """Extra checkpoints, every member's."""
+        gates: list[dict[str, Any]] = []
+        """The members: each a table with the gate's `name`, its own `tau` (> 0) and its other options."""
 
-        if len(gates) < 2:
-            raise ValueError(f"{self.name} gate: options.gates needs at least two member gates, got {len(gates)}")
-        self.tau = tau
+    def __init__(self, options: Options) -> None:
+        from . import build_gate  # the registry imports this module
+
+        if len(options.gates) < 2:
+            raise ValueError(f"{self.name} gate: options.gates needs at least two member gates, got {len(options.gates)}")
+        self.options = options
+        self.tau = options.tau
         self.members: list[Gate] = []
         self.taus: list[float] = []
-        for spec in gates:
+        for spec in options.gates:
             spec = dict(spec)
             if "name" not in spec or "tau" not in spec:
                 raise ValueError(f"{self.name} gate: each member needs a name and a tau, got {spec}")
+            if "k" in spec or "checkpoints" in spec:
+                raise ValueError(f"{self.name} gate: a member's checkpoints are the combination's (k, checkpoints), got {spec}")
             name, member_tau = spec.pop("name"), float(spec.pop("tau"))
             if member_tau <= 0:
                 raise ValueError(f"{self.name} gate: member {name} tau must be > 0, got {member_tau}")
-            self.members.append(GATES.get(name)(k=k, tau=0.0, checkpoints=checkpoints, **spec))
+            member_options = spec | {"k": options.k, "tau": 0.0, "checkpoints": list(options.checkpoints)}
+            self.members.append(build_gate(name, member_options))
             self.taus.append(member_tau)
         self._pending: dict[int, dict[int, dict[int, float]]] = {}
         """group -> checkpoint -> member index -> value, until every member has evaluated it."""

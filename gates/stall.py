@@ -13,10 +13,14 @@ no member is still running. Cut iff s_K < tau; checkpoints as the prefix gate's 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Annotated
+
+import msgspec
 
 from pipeline.messages import StepEvent
 
 from ._checkpoints import CheckpointGate
+from .base import Checkpoint, Threshold
 
 
 def progress_fraction(steps: Sequence[Sequence[StepEvent]], k: int, window: int) -> float:
@@ -52,11 +56,15 @@ class StallGate(CheckpointGate):
 
     name = "stall"
 
-    def __init__(self, *, k: int = 15, tau: float = 0.3, checkpoints: Sequence[int] = (), window: int = 5) -> None:
-        super().__init__(k=k, tau=tau, checkpoints=checkpoints)
-        if not isinstance(window, int) or window < 1:
-            raise ValueError(f"stall gate: window must be an integer >= 1, got {window!r}")
-        self.window = window
+    class Options(CheckpointGate.Options, frozen=True, kw_only=True, forbid_unknown_fields=True):
+        k: Checkpoint = 15
+        tau: Threshold = 0.3
+        window: Annotated[int, msgspec.Meta(ge=1)] = 5
+        """How many of each running member's latest steps count."""
+
+    def __init__(self, options: Options = Options()) -> None:  # noqa: B008 (a frozen Struct)
+        super().__init__(options)
+        self.window = options.window
 
     def statistic(self, steps: Sequence[Sequence[StepEvent]], k: int) -> float:
         return progress_fraction(steps, k, self.window)

@@ -7,11 +7,9 @@ the run folder. Everything it builds is also usable on its own (see docs/archite
 
 from __future__ import annotations
 
-import errno
 import json
 import random
 import time
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,44 +20,56 @@ import structlog
 import torch
 import trio
 
-from gates import GATES
+from gates import GATES, build_gate, check_gate
 from gates.allocators import AllocatorContext, build_allocator, check_allocator
 from learner.aggregation import AGGREGATIONS
 from learner.losses import LOSSES
 from learner.trainer import Trainer
-from stages.envs import ENVS, EnvSuite, Task
-from stages.evaluate import EpisodeOutcome, EvalReport, evaluate_splits, summarize
+from stages import envs
+from stages.envs import EnvSuite, Task
+from stages.evaluate import EvalReport, evaluate_splits
 from stages.policy import POLICIES, Policy
 from stages.policy.workers import WorkerPoolPolicy
 
 from . import resume
 from .config import RunConfig, dump_toml, load_config
 from .curves import curve_points, write_learning_curve
+from .failure import failure_message, save_on_failure
 from .grpo import GrpoOutcome, run_grpo
-from .memory import peak_rss_mb, tune_malloc
+from .job_summary import family_table, fmt_eval, mean_success, reports_from_json, reports_to_json, summary
+from .memory import tune_malloc
+from .plugins import option_problems
 from .profiling import Profiler
 from .progress import Progress
 from .rundir import MetricsWriter, configure_logging, create_run_dir, write_summary
-from .stage import STAGES, StageFailed, build_stage
+from .stage import STAGES, build_stage
 
 log = structlog.get_logger(__name__)
 
 
 def name_checks(cfg: RunConfig) -> list[str]:
-    """Every configured name that does not resolve, for `load_config(extra_checks=...)`."""
-    problems = ENVS.check(cfg.env.name, "env.name")
+    """Every configured name that does not resolve and every bad plugin option (env, policy, gate, allocator,
+    stages), for `load_config(extra_checks=...)`; `build_checks` then builds what it can once all are fine."""
+    problems = envs.check_suite(cfg.env.name, cfg.env.options)
     policy_problems = POLICIES.check(cfg.policy.backend, "policy.backend")
     if not policy_problems:  # a backend may validate its own section (`build.check`): vllm's install, model
         policy_problems = getattr(POLICIES.get(cfg.policy.backend), "check", lambda _: [])(cfg.policy)
+    if not policy_problems:  # ... and its options (`build.check_options`)
+        check_policy = getattr(POLICIES.get(cfg.policy.backend), "check_options", lambda _: [])
+        policy_problems = [f"policy.options: {p}" for p in check_policy(cfg.policy)]
     problems += policy_problems
-    problems += GATES.check(cfg.gate.name, "gate.name")
+    gate_problems = GATES.check(cfg.gate.name, "gate.name")
+    if not gate_problems and cfg.gate.enabled and not cfg.gate.problems():  # (a bad gate.k / gate.tau is listed)
+        gate_problems = _gate_problems(cfg)
+    problems += gate_problems
     problems += LOSSES.check(cfg.learner.loss, "learner.loss")
     problems += AGGREGATIONS.check(cfg.learner.aggregation, "learner.aggregation")
     problems += [f"allocator: {p}" for p in check_allocator(cfg.allocator.name, cfg.allocator.options)]
     for i, spec in enumerate(cfg.stages):
-        problems += STAGES.check(spec.target, f"stages[{i}].target")
-    if cfg.gate.k > cfg.env.max_steps:
-        problems.append(f"gate.k ({cfg.gate.k}) is beyond env.max_steps ({cfg.env.max_steps}): the gate could never fire")
+        stage_problems = STAGES.check(spec.target, f"stages[{i}].target")
+        problems += stage_problems or option_problems(
+            STAGES.get(spec.target), spec.options, f"stages[{i}].options", f"stage {spec.target!r}"
+        )
     return problems + (build_checks(cfg) if not problems else [])
 
 
@@ -67,9 +77,9 @@ _BUILD_ERRORS = (TypeError, ValueError, LookupError, OSError, ImportError)
 
 
 def build_checks(cfg: RunConfig) -> list[str]:
-    """Build every plugin with its options (cheap constructors, no warm start) so a bad option or a missing
-    games folder fails `run.py check` and the start of `run.py` with exit 2, not a traceback after the warm
-    start. A policy backend may offer `check_options(policy_section) -> list[str]` for its options."""
+    """Build the environment suite and the custom stages (cheap constructors, no warm start) so what only
+    building finds (a missing games folder, a check across options) fails `run.py check` and the start of
+    `run.py` with exit 2, not a traceback after the warm start."""
     problems: list[str] = []
 
     def attempt(where: str, build: Any) -> None:
@@ -78,16 +88,25 @@ def build_checks(cfg: RunConfig) -> list[str]:
         except _BUILD_ERRORS as exc:
             problems.append(f"{where}: {exc}")
 
-    if cfg.gate.enabled:
-        gate_cls = GATES.get(cfg.gate.name)
-        attempt("gate.options", lambda: gate_cls(k=cfg.gate.k, tau=cfg.gate.tau, checkpoints=cfg.gate.checkpoints, **cfg.gate.options))
     attempt("env", lambda: build_suite(cfg))
-    check_policy = getattr(POLICIES.get(cfg.policy.backend), "check_options", None)
-    if check_policy is not None:
-        problems += [f"policy.options: {p}" for p in check_policy(cfg.policy)]
     for i, spec in enumerate(cfg.stages):
-        attempt(f"stages[{i}]", lambda spec=spec: build_stage(spec.target, spec.options))
+        attempt(f"stages[{i}]", lambda i=i, spec=spec: build_stage(spec.target, spec.options, f"stages[{i}].options"))
     return problems
+
+
+def _gate_problems(cfg: RunConfig) -> list[str]:
+    """The gate's options decoded into its `Options` and the gate built; its first checkpoint must be reachable."""
+    problems = check_gate(cfg.gate.name, cfg.gate.gate_options())
+    if problems:
+        return problems
+    try:
+        gate = build_gate(cfg.gate.name, cfg.gate.gate_options())
+    except _BUILD_ERRORS as exc:
+        return [f"gate.options: {exc}"]
+    first = min(getattr(gate, "checkpoints", None) or [0])
+    if first > cfg.env.max_steps:
+        return [f"gate.k ({first}) is beyond env.max_steps ({cfg.env.max_steps}): the gate could never fire"]
+    return []
 
 
 def load(path: str | Path | None, overrides: Sequence[str]) -> RunConfig:
@@ -95,7 +114,7 @@ def load(path: str | Path | None, overrides: Sequence[str]) -> RunConfig:
 
 
 def build_suite(cfg: RunConfig) -> EnvSuite:
-    return ENVS.get(cfg.env.name)(max_steps=cfg.env.max_steps, **cfg.env.options)
+    return envs.build_suite(cfg.env.name, cfg.env.options, max_steps=cfg.env.max_steps)
 
 
 def build_policy(cfg: RunConfig, suite: EnvSuite, *, workers: int | None = None) -> Policy:
@@ -141,7 +160,7 @@ def _periodic_evaluator(cfg: RunConfig, suite: EnvSuite, splits: dict[str, list[
             policy.load_weights(version, state)
             reports = await evaluate_heldout(policy, suite, splits, cfg.eval.greedy)
         scores = {split.removeprefix("heldout_"): r.success for split, r in reports.items()}
-        mean = _mean_success(reports)
+        mean = mean_success(reports)
         return scores | ({"mean": mean} if mean is not None else {})
 
     return evaluate_version
@@ -208,12 +227,52 @@ async def _run_phases(
     splits = heldout_tasks(cfg, suite)
     policy, warm_start_s = await _unless_stopped(stop, run_dir, _build_policy, cfg, suite, checkpoint)
     if "heldout_before" in job:
-        before = _reports_from_json(job["heldout_before"])
+        before = reports_from_json(job["heldout_before"])
     else:
         before = await _unless_stopped(stop, run_dir, evaluate_heldout, policy, suite, splits, cfg.eval.greedy)
-        job |= {"heldout_before": _reports_to_json(before), "warm_start_s": warm_start_s, "job_wall_s": 0.0}
-    progress.message("held-out success before GRPO: " + _fmt_eval(before))
+        job |= {"heldout_before": reports_to_json(before), "warm_start_s": warm_start_s, "job_wall_s": 0.0}
+    progress.message("held-out success before GRPO: " + fmt_eval(before))
+    parts = _grpo_parts(cfg, suite, policy, checkpoint, run_dir, job)
+    progress.message(
+        f"GRPO: {cfg.run.updates} updates x {cfg.learner.batch_groups} groups, G={cfg.rollout.group_size}, "
+        f"gate {'on' if cfg.gate.enabled else 'off'}{' (shadow)' if cfg.gate.enabled and cfg.gate.shadow else ''}, "
+        f"allocator {cfg.allocator.name}"
+    )
+    parts.checkpointer.job["job_wall_s"] = job["job_wall_s"] + (time.perf_counter() - wall_started)  # wall outside GRPO
+    tokens_before = _generated_tokens(policy)
+    metrics = MetricsWriter(run_dir)
+    try:
+        async with parts.profiler.sampling():
+            outcome = await run_grpo(
+                cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in parts.train}, allocator=parts.allocator,
+                trainer=parts.trainer, run_dir=run_dir, profiler=parts.profiler, metrics=metrics, observers=parts.observers,
+                progress=progress, checkpointer=parts.checkpointer, restore=checkpoint["grpo"] if checkpoint else None, stop=stop,
+                evaluate=_periodic_evaluator(cfg, suite, splits) if cfg.eval.every and splits else None,
+            )
+    except Exception as exc:
+        raise RunFailed(failure_message(exc, run_dir, save_on_failure(parts.checkpointer))) from exc
+    finally:
+        metrics.close()
+    tokens_after = _generated_tokens(policy)
+    generated = tokens_after - tokens_before if tokens_before is not None and tokens_after is not None else None
+    return await _finish(cfg, run_dir, stop, progress, parts, outcome, policy, suite, splits, before, job["warm_start_s"], generated)
 
+
+@dataclass
+class _GrpoParts:
+    """What the GRPO phase is given besides the policy and the suite (restored from the checkpoint if any)."""
+
+    train: list[Task]
+    allocator: Any
+    trainer: Trainer
+    observers: list[Any]
+    profiler: Profiler
+    checkpointer: resume.Checkpointer
+
+
+def _grpo_parts(
+    cfg: RunConfig, suite: EnvSuite, policy: Policy, checkpoint: dict[str, Any] | None, run_dir: Path, job: dict[str, Any]
+) -> _GrpoParts:
     train = list(suite.tasks("train"))
     if cfg.env.train_tasks:
         train = train[: cfg.env.train_tasks]
@@ -230,46 +289,33 @@ async def _run_phases(
         allocator.load_state_dict(checkpoint["allocator"])
         trainer.load_state_dict(checkpoint["trainer"])
         resume.set_rng_state(checkpoint["rng"])
-    observers = [build_stage(spec.target, spec.options) for spec in cfg.stages]
+    observers = [build_stage(spec.target, spec.options, f"stages[{i}].options") for i, spec in enumerate(cfg.stages)]
     profiler = Profiler.from_config(cfg.profile, thread_cpu=cfg.profile.thread_cpu, gpu_stages=cfg.profile.gpu_stages)
-    metrics = MetricsWriter(run_dir)
     checkpointer = resume.Checkpointer(run_dir, cfg.run.checkpoint_every, job)
     checkpointer.latest = checkpoint
     checkpointer.written_version = checkpoint["version"] if checkpoint else None
-    progress.message(
-        f"GRPO: {cfg.run.updates} updates x {cfg.learner.batch_groups} groups, G={cfg.rollout.group_size}, "
-        f"gate {'on' if cfg.gate.enabled else 'off'}{' (shadow)' if cfg.gate.enabled and cfg.gate.shadow else ''}, "
-        f"allocator {cfg.allocator.name}"
-    )
-    checkpointer.job["job_wall_s"] = job["job_wall_s"] + (time.perf_counter() - wall_started)  # wall outside GRPO
-    tokens_before = _generated_tokens(policy)
-    try:
-        async with profiler.sampling():
-            outcome = await run_grpo(
-                cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in train}, allocator=allocator,
-                trainer=trainer, run_dir=run_dir, profiler=profiler, metrics=metrics, observers=observers,
-                progress=progress, checkpointer=checkpointer, restore=checkpoint["grpo"] if checkpoint else None, stop=stop,
-                evaluate=_periodic_evaluator(cfg, suite, splits) if cfg.eval.every and splits else None,
-            )
-    except Exception as exc:
-        raise RunFailed(failure_message(exc, run_dir, _save_on_failure(checkpointer))) from exc
-    finally:
-        metrics.close()
-    tokens_after = _generated_tokens(policy)
-    generated = tokens_after - tokens_before if tokens_before is not None and tokens_after is not None else None
-    version = checkpointer.write()
+    return _GrpoParts(train, allocator, trainer, observers, profiler, checkpointer)
+
+
+async def _finish(
+    cfg: RunConfig, run_dir: Path, stop: trio.Event, progress: Progress, parts: _GrpoParts, outcome: GrpoOutcome,
+    policy: Policy, suite: EnvSuite, splits: dict[str, list[Task]], before: dict[str, EvalReport], warm_start_s: float,
+    generated: int | None,
+) -> JobResult:
+    """After the GRPO phase: the last checkpoint, the profile, held-out success after, the summary and curve."""
+    version = parts.checkpointer.write()
     grpo_ended = time.perf_counter()
-    report = profiler.finish()
-    profiler.write(run_dir)
+    report = parts.profiler.finish()
+    parts.profiler.write(run_dir)
     interrupted = outcome.stop_reason == "interrupted"
-    overhead = profiler.overhead_estimate() if profiler.enabled and not interrupted else None  # ~2 s of probing
+    overhead = parts.profiler.overhead_estimate() if parts.profiler.enabled and not interrupted else None  # ~2 s of probing
     after = {} if interrupted else await _unless_stopped(stop, run_dir, evaluate_heldout, policy, suite, splits, cfg.eval.greedy, version=version)
     if not interrupted:
-        progress.message("held-out success after GRPO:  " + _fmt_eval(after))
-        _save_checkpoints(run_dir, trainer, allocator)
-    wall_s = checkpointer.job["job_wall_s"] + outcome.wall_s + (time.perf_counter() - grpo_ended)
-    summary = _summary(cfg, outcome, before, after, job["warm_start_s"], wall_s,
-                       profiler_overhead_pct=overhead["overhead_pct"] if overhead else None, generated_tokens=generated)
+        progress.message("held-out success after GRPO:  " + fmt_eval(after))
+        _save_checkpoints(run_dir, parts.trainer, parts.allocator)
+    wall_s = parts.checkpointer.job["job_wall_s"] + outcome.wall_s + (time.perf_counter() - grpo_ended)
+    figures = summary(cfg, outcome, before, after, warm_start_s, wall_s,
+                      profiler_overhead_pct=overhead["overhead_pct"] if overhead else None, generated_tokens=generated)
     if outcome.tally.evaluations:
         write_learning_curve(
             run_dir / "learning_curve.png",
@@ -277,11 +323,11 @@ async def _run_phases(
                          {s: r.success for s, r in after.items()}, final_wall_s=outcome.wall_s, final_env_steps=outcome.env_steps),
             title=f"{cfg.run.name}: held-out success (seed {cfg.run.seed})",
         )
-    write_summary(run_dir, summary, {"Per-stage profile": report.table_markdown(), "Held-out success by family": _family_table(before, after)})
-    log.info("job.finished", **{k: v for k, v in summary.items() if not isinstance(v, dict | list)})
+    write_summary(run_dir, figures, {"Per-stage profile": report.table_markdown(), "Held-out success by family": family_table(before, after)})
+    log.info("job.finished", **{k: v for k, v in figures.items() if not isinstance(v, dict | list)})
     if interrupted:
         raise RunInterrupted(run_dir, version)
-    return JobResult(run_dir, summary, outcome)
+    return JobResult(run_dir, figures, outcome)
 
 
 async def _build_policy(cfg: RunConfig, suite: EnvSuite, checkpoint: dict[str, Any] | None) -> tuple[Policy, float]:
@@ -316,127 +362,6 @@ async def _unless_stopped(stop: trio.Event, run_dir: Path, fn: Any, *args: Any, 
     return result
 
 
-def _save_on_failure(checkpointer: resume.Checkpointer) -> str:
-    try:
-        version = checkpointer.write()
-    except OSError as exc:
-        return f"the checkpoint could not be written either ({exc}); the previous one, if any, is intact"
-    return f"checkpoint at update {version} kept" if version is not None else "no update had finished (no checkpoint)"
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
-    return [exc]
-
-
-def failure_message(exc: BaseException, run_dir: Path, saved: str) -> str:
-    """One readable paragraph: which stage failed (by the file that raised), what, and what to do."""
-    lines = []
-    for leaf in _leaves(exc):
-        if isinstance(leaf, StageFailed):  # the stage said what went wrong
-            lines.append(str(leaf))
-            continue
-        if isinstance(leaf, OSError) and leaf.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            lines.append(f"the disk of the run folder is full ({leaf.strerror}{': ' + str(leaf.filename) if leaf.filename else ''})")
-            continue
-        frames = [f"{Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno}"
-                  for f in reversed(traceback.extract_tb(leaf.__traceback__))
-                  if "/site-packages/" not in f.filename and "/lib/python" not in f.filename]  # innermost first
-        stage = next((s for s in map(_stage_of, frames) if s is not None), "the run")
-        lines.append(f"{stage} failed: {type(leaf).__name__}: {leaf} (at {frames[0] if frames else '?'})")
-    return "; ".join(lines) + f". {saved}; after fixing it, continue with `python run.py resume {run_dir}`"
-
-
-def _stage_of(where: str) -> str | None:
-    for fragment, stage in (("learner/", "the learner"), ("torch_tiny/", "the policy server"), ("gate", "the gate stage"),
-                            ("rollout", "the rollout stage"), ("envs/", "the environment"), ("allocators/", "the allocator")):
-        if where.startswith(fragment) or f"/{fragment}" in where or fragment in where.split(":")[0]:
-            return stage
-    return None
-
-
-def _fmt_eval(reports: dict[str, EvalReport]) -> str:
-    return ", ".join(f"{split} {r.success:.1%} ({len(r.episodes)} tasks)" for split, r in reports.items()) or "skipped (eval.tasks = 0)"
-
-
-def _family_table(before: dict[str, EvalReport], after: dict[str, EvalReport]) -> str:
-    lines = ["| split | family | before | after |", "|---|---|---|---|"]
-    for split, report in before.items():
-        for family, value in sorted(report.per_family.items()):
-            lines.append(f"| {split} | {family} | {value:.1%} | {after[split].per_family.get(family, float('nan')) if split in after else float('nan'):.1%} |")
-    return "\n".join(lines)
-
-
-def _mean_success(reports: dict[str, EvalReport]) -> float | None:
-    episodes = [e for r in reports.values() for e in r.episodes]
-    return sum(e.won for e in episodes) / len(episodes) if episodes else None
-
-
-def _summary(
-    cfg: RunConfig, outcome: GrpoOutcome, before: dict[str, EvalReport], after: dict[str, EvalReport], warm_start_s: float, wall_s: float,
-    *, profiler_overhead_pct: float | None, generated_tokens: int | None = None,
-) -> dict[str, Any]:
-    tally, learner = outcome.tally, outcome.learner.counters
-    gate_stats = outcome.gate.statistics() if outcome.gate is not None else {}
-    alloc = dict(outcome.allocator.statistics())
-    return {
-        "seed": cfg.run.seed,
-        "gate": f"{cfg.gate.name} K={cfg.gate.k} tau={cfg.gate.tau}" + (" shadow" if cfg.gate.shadow else "") if cfg.gate.enabled else "off",
-        "allocator": cfg.allocator.name,
-        "stop_reason": outcome.stop_reason,
-        "groups_admitted": outcome.admission.groups_admitted,
-        "groups_cut": tally.groups_cut,
-        "groups_backfilled": outcome.admission.backfills,
-        "groups_trained": learner.groups_trained,
-        "groups_dropped_zero_variance": learner.groups_dropped_zero_variance,
-        "cut_groups_reaching_learner": learner.cut_groups_refused + tally.cut_emission_refused,
-        "zero_variance_fraction": tally.merged_zero_variance / tally.merged_full_size if tally.merged_full_size else None,
-        "zero_variance_prompts": tally.merged_full_size,
-        "first_stage_groups": tally.first_stage_groups,
-        "first_stage_cut_fraction": tally.first_stage_cut / tally.first_stage_groups if tally.first_stage_groups else None,
-        "gate_decisions_by_kind": {k.rsplit("/", 1)[1]: v for k, v in gate_stats.items() if k.startswith("gate/decisions/")},
-        "gate_groups_seen_by_kind": {k.rsplit("/", 1)[1]: v for k, v in gate_stats.items() if k.startswith("gate/groups_seen/")},
-        "cuts_late": outcome.rollout.cuts_late + tally.cancels_late,
-        "groups_all_fail": tally.all_fail_complete,
-        "groups_mixed": tally.groups_complete - tally.all_fail_complete - tally.all_succeed_complete,
-        "groups_all_succeed": tally.all_succeed_complete,
-        "gate_precision": gate_stats.get("gate/precision"),
-        "gate_recall": gate_stats.get("gate/recall"),
-        "gate_us_per_decision": gate_stats.get("gate/us_per_decision"),
-        "gate_cpu_us_per_decision": gate_stats.get("gate/cpu_us_per_decision"),
-        "slot_occupancy": outcome.slot_occupancy,
-        "trajectory_slot_occupancy": outcome.trajectory_slot_occupancy,
-        "staleness_lag_max": tally.staleness_lag_max,
-        "staleness_lag_mean": tally.lag_sum / tally.items_trained if tally.items_trained else None,
-        "items_dropped_stale": tally.items_dropped_stale,
-        "items_trained": tally.items_trained,
-        "env_steps": outcome.env_steps,
-        "env_steps_per_s": outcome.env_steps / outcome.wall_s if outcome.wall_s > 0 else None,
-        "rollouts_spent": alloc.get("allocator/rollouts_spent"),
-        "trajectories_failed": outcome.rollout.trajectories_failed,
-        "generated_tokens": generated_tokens,
-        "learner_updates": learner.updates,
-        "train_success_rate": tally.successes / tally.rollouts_finished if tally.rollouts_finished else None,
-        "heldout_success_before": _mean_success(before),
-        "heldout_success_after": _mean_success(after),
-        "heldout_before": {s: r.success for s, r in before.items()},
-        "heldout_after": {s: r.success for s, r in after.items()},
-        "heldout_tasks_per_split": cfg.eval.tasks,
-        "heldout_curve": tally.evaluations,
-        "eval_s": tally.eval_s,
-        "loop_lag_p99_ms": outcome.loop_lag_p99_ms(),
-        "profiler_overhead_pct": profiler_overhead_pct,
-        "warm_start_s": warm_start_s,
-        "grpo_wall_s": outcome.wall_s,
-        "wall_s": wall_s,
-        "allocator_stats": alloc,
-        "peak_rss_mb": peak_rss_mb(),
-        "dropped_frames_total": sum(n for counts in outcome.dropped_frames.values() for n in counts.values()),
-        "dropped_frames": outcome.dropped_frames,
-    }
-
-
 def _generated_tokens(policy: Policy) -> int | None:
     """Tokens the policy generated so far, if the backend counts them (`statistics().generated_tokens`)."""
     stats = getattr(policy, "statistics", None)
@@ -446,11 +371,3 @@ def _generated_tokens(policy: Policy) -> int | None:
 def _save_checkpoints(run_dir: Path, trainer: Trainer, allocator: Any) -> None:
     resume.atomic_write(run_dir / "checkpoints" / "policy.pt", lambda f: torch.save(trainer.model.state_dict(), f))
     resume.atomic_write_text(run_dir / "checkpoints" / "allocator.json", json.dumps(allocator.state_dict()))
-
-
-def _reports_to_json(reports: dict[str, EvalReport]) -> dict[str, list[list[Any]]]:
-    return {split: [[e.task_id, e.family, e.won, e.steps] for e in r.episodes] for split, r in reports.items()}
-
-
-def _reports_from_json(data: dict[str, list[list[Any]]]) -> dict[str, EvalReport]:
-    return {split: summarize([EpisodeOutcome(*row) for row in rows]) for split, rows in data.items()}

@@ -6,7 +6,8 @@ calls `task_status.started()` once it is ready to receive, runs until cancelled,
 opened (sockets opened with `async with` close themselves; the context's term() flushes them).
 
 Stages are registered in `STAGES` (entry-point group `rollcut.stages`) or named as `module:Class` in
-`[[stages]] target = ...`; the class is constructed as `Class(**options)`.
+`[[stages]] target = ...`; the class is constructed as `Class(options)` from its strict `Options` Struct
+(or as `Class()` when it has none), the plugin convention of `pipeline.plugins`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import trio
 
 from .config import TransportSection
 from .messages import AnyMessage
+from .plugins import build_plugin
 from .profiling import Profiler
 from .registry import Registry
 from .transport import Context, Socket
@@ -59,15 +61,13 @@ class Stage(Protocol):
         ...
 
 
-STAGES = Registry("stages", {"gate": "stages.gate_stage:GateStage"})
+STAGES = Registry("stages", {"gate": "stages.gate_plugin:gate_stage"})
 
 
-def build_stage(target: str, options: Mapping[str, Any]) -> Stage:
-    cls = STAGES.get(target)
-    try:
-        stage = cls(**options)
-    except TypeError as exc:
-        raise ValueError(f"stage {target!r}: bad options {dict(options)}: {exc}") from exc
+def build_stage(target: str, options: Mapping[str, Any], where: str = "stages.options") -> Stage:
+    """`Class(Class.Options(...))` from the `[[stages]]` options table (`Class()` for a stage without
+    `Options`), as every plugin is built (`pipeline.plugins`). Raises ValueError listing every bad option."""
+    stage = build_plugin(STAGES.get(target), options, where, f"stage {target!r}")
     if not isinstance(stage, Stage):
         raise ValueError(f"stage {target!r} does not have a name and an async run(ctx, *, task_status)")
     return stage

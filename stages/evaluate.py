@@ -17,7 +17,8 @@ import trio
 
 from pipeline.progress import report
 from stages.envs.base import EnvSuite, Task
-from stages.policy.base import AgentContext, Policy
+from stages.episode import play_episode
+from stages.policy.base import Policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,20 +43,10 @@ async def run_episode(policy: Policy, suite: EnvSuite, task: Task, *, greedy: bo
     """Play one episode of `task` (at most `suite.max_steps` steps) with `policy.act`."""
     env = suite.make()
     try:
-        obs = env.reset(task)
-        history: list[tuple[str, str]] = []
-        won = False
-        for _ in range(suite.max_steps):
-            ctx = AgentContext(task.description, obs.text, obs.admissible, tuple(history))
-            action = (await policy.act(ctx, greedy=greedy)).action
-            step = env.step(action)
-            history.append((obs.text, action))
-            obs, won = step.observation, step.won
-            if step.done:
-                break
+        episode = await play_episode(policy, env, task, suite.max_steps, greedy=greedy)
     finally:
         env.close()
-    return EpisodeOutcome(task.task_id, task.family, won, len(history))
+    return EpisodeOutcome(task.task_id, task.family, episode.won, episode.steps)
 
 
 async def evaluate(

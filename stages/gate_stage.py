@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from gates import GATES, ShadowLedger
+from gates import ShadowLedger, build_gate, gate_options
 from pipeline.messages import CancelGroup, GroupClosed, GroupOpened, RolloutFailed, StepEvent, StepStream
 from pipeline.outcomes import FIRST_STAGE_KINDS, MergedOutcomes
 from pipeline.stage import StageContext
@@ -34,13 +34,14 @@ class GateStage:
         self,
         *,
         gate: str = "prefix_edit_distance",
-        k: int = 10,
-        tau: float = 0.12,
-        checkpoints: Sequence[int] = (),
+        k: int | None = None,
+        tau: float | None = None,
+        checkpoints: Sequence[int] | None = None,
         shadow: bool = False,
         options: Mapping[str, Any] | None = None,
     ) -> None:
-        self.gate = GATES.get(gate)(k=k, tau=tau, checkpoints=checkpoints, **(options or {}))
+        # k / tau / checkpoints override the gate's own options; None leaves the gate's one default
+        self.gate = build_gate(gate, gate_options(options or {}, k=k, tau=tau, checkpoints=checkpoints))
         self.shadow = shadow
         self.ledger = ShadowLedger()
         self._would_cut: set[int] = set()

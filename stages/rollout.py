@@ -37,7 +37,8 @@ from pipeline.messages import (
 from pipeline.profiling import Profiler
 from pipeline.stage import StageFailed
 from stages.envs.base import Environment, EnvSuite, StepResult, Task
-from stages.policy.base import AgentContext, Policy
+from stages.episode import Episode, EpisodeStep, play_episode
+from stages.policy.base import Policy
 
 log = structlog.get_logger(__name__)
 
@@ -216,52 +217,27 @@ class RolloutStage:
             return await trio.to_thread.run_sync(env.step, action, abandon_on_cancel=True, limiter=self._env_threads)
 
     async def _agent_loop(self, group_id: int, task: Task, record: _Record, env: Environment) -> None:
-        with self.profiler.span("rollout", "env_reset"):
-            observation = env.reset(task)
-        history: list[tuple[str, str]] = []
-        seen = {observation.text}
-        for step_index in range(self.suite.max_steps):
-            context = AgentContext(
-                task=task.description,
-                observation=observation.text,
-                admissible=observation.admissible,
-                history=tuple(history),
-            )
-            act = await self.policy.act(context)
-            record.turns.append(
-                Turn(
-                    prompt_ids=act.prompt_ids,
-                    token_ids=act.token_ids,
-                    logprobs=act.logprobs,
-                    action=act.action,
-                    policy_version=act.policy_version,
-                    admissible=not observation.admissible or act.action in observation.admissible,
-                    choices=act.choices,
-                )
-            )
-            with self.profiler.span("rollout", "env_step"):
-                result = await self._env_step(env, act.action)
+        async def on_step(step: EpisodeStep) -> None:
             self.env_steps += 1
             self.profiler.items("rollout", 1)
-            record.reward += result.reward
-            done = result.done or step_index == self.suite.max_steps - 1
+            record.reward = step.reward
             await self.steps_out.send(
                 StepEvent(
                     group_id=group_id,
                     rollout_index=record.rollout_index,
-                    step_index=step_index,
-                    action=act.action,
-                    done=done,
-                    reward=record.reward,
-                    policy_version=act.policy_version,
-                    admissible=record.turns[-1].admissible,
-                    new_observation=result.observation.text not in seen,
+                    step_index=step.step_index,
+                    action=step.turn.action,
+                    done=step.done,
+                    reward=step.reward,
+                    policy_version=step.turn.policy_version,
+                    admissible=step.turn.admissible,
+                    new_observation=step.new_observation,
                 )
             )
-            seen.add(result.observation.text)
-            history.append((observation.text, act.action))
-            observation = result.observation
-            if done:
-                record.success = result.won
-                break
+
+        episode = await play_episode(
+            self.policy, env, task, self.suite.max_steps, episode=Episode(turns=record.turns),
+            env_step=self._env_step, on_step=on_step, profiler=self.profiler,
+        )
+        record.success = episode.won
         record.status = TrajectoryStatus.COMPLETE

@@ -14,6 +14,7 @@ import random
 import threading
 from typing import Any
 
+import msgspec
 import trio
 
 from pipeline.messages import WeightsPublished
@@ -31,8 +32,12 @@ class StopAfter:
 
     name = "stop_after"
 
-    def __init__(self, *, key: str, updates: int = 1) -> None:
-        self.key, self.updates = key, updates
+    class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+        key: str
+        updates: int = 1
+
+    def __init__(self, options: Options) -> None:
+        self.key, self.updates = options.key, options.updates
 
     async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         events = ctx.subscribe()
@@ -93,11 +98,14 @@ class FaultySuite(HouseholdSuite):
     """The household suite whose episodes raise on every `raise_every`-th env step of the run and hang on
     every `hang_every`-th (0 = never); counts what it injected."""
 
-    def __init__(
-        self, *, max_steps: int, raise_every: int = 0, hang_every: int = 0, random_reward: bool = False, **options: Any
-    ) -> None:
-        super().__init__(max_steps=max_steps, **options)
-        self.raise_every, self.hang_every, self.random_reward = raise_every, hang_every, random_reward
+    class Options(HouseholdSuite.Options, frozen=True, kw_only=True, forbid_unknown_fields=True):
+        raise_every: int = 0
+        hang_every: int = 0
+        random_reward: bool = False
+
+    def __init__(self, options: Options, *, max_steps: int) -> None:
+        super().__init__(options, max_steps=max_steps)
+        self.raise_every, self.hang_every, self.random_reward = options.raise_every, options.hang_every, options.random_reward
         self.rng = random.Random(0)
         self.lock = threading.Lock()
         self.steps = self.raised = self.hung = 0

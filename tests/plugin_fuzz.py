@@ -42,7 +42,7 @@ class ForgedActionGate:
 
     name = "forged_probe"
 
-    def __init__(self, *, k: int, tau: float, checkpoints: Any = ()) -> None:
+    def __init__(self) -> None:  # no `Options`: it takes none
         self.forged_seen = 0
 
     def open(self, group_id: int, size: int) -> None:
@@ -127,8 +127,13 @@ def frames(kinds: list[Callable[[], bytes]], n: int, rng: random.Random, megabyt
 class Fuzzer:
     name = "fuzzer"
 
-    def __init__(self, *, key: str, frames: int = 10_000, seed: int = 0) -> None:
-        self.key, self.frames, self.seed = key, frames, seed
+    class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+        key: str
+        frames: int = 10_000
+        seed: int = 0
+
+    def __init__(self, options: Options) -> None:
+        self.key, self.frames, self.seed = options.key, options.frames, options.seed
         self.sent: dict[str, int] = {}
 
     async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

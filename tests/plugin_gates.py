@@ -1,6 +1,8 @@
 """A user-style gate plugin loaded by `module:Class` in integration tests: cuts every even group at
 step 1, so the pipeline's cut / backfill / learner paths are exercised deterministically."""
 
+import msgspec
+
 from gates import GateDecision
 from pipeline.messages import RolloutFailed, StepEvent
 
@@ -8,8 +10,11 @@ from pipeline.messages import RolloutFailed, StepEvent
 class CutEvenGroups:
     name = "cut_even_groups"
 
-    def __init__(self, *, k: int, tau: float, checkpoints=(), at_step: int = 1) -> None:
-        self.at_step = at_step
+    class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+        at_step: int = 1
+
+    def __init__(self, options: Options) -> None:
+        self.at_step = options.at_step
         self._groups: dict[int, list[int]] = {}
 
     def open(self, group_id: int, size: int) -> None:

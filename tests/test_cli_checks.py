@@ -11,14 +11,16 @@ from tests.test_run_integration import ROOT
 
 @pytest.mark.parametrize("command", ["check", "train"])
 def test_bad_plugin_options_fail_before_any_work(tmp_path, command):
-    overrides = ["gate.options.zzz=1", "env.options.bogus=1", "policy.options.layerz=3", f'run.out="{tmp_path}/runs"']
+    overrides = ["gate.options.zzz=1", "env.options.bogus=1", "policy.options.layerz=3", f'run.out="{tmp_path}/runs"',
+                 'stages=[{target = "examples.jsonl_writer:JsonlGroupWriter", options = {pth = "x"}}]']
     proc = subprocess.run(
         [sys.executable, "run.py", command, *[a for o in overrides for a in ("--set", o)]],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2, proc.stderr
-    for fragment in ("gate.options: prefix_edit_distance gate: unknown options ['zzz']", "unexpected keyword argument 'bogus'",
-                     "policy.options", "layerz"):
+    for fragment in ("gate.options.zzz: unknown option for gate 'prefix_edit_distance'",
+                     "env.options.bogus: unknown option for env 'household'", "policy.options", "layerz",
+                     "stages[0].options.pth: unknown option for stage 'examples.jsonl_writer:JsonlGroupWriter'"):
         assert fragment in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists()  # no partial run folder

@@ -25,7 +25,7 @@ async def test_ten_thousand_bad_frames_per_socket_are_dropped_and_counted(tmp_pa
     stop = STOPS["fuzz"] = trio.Event()
     addresses = [f'transport.{name}="tcp://127.0.0.1:{_free_port()}"' for name in ("steps", "control", "results", "events")]
     cfg = load(None, _tiny(
-        tmp_path, *addresses, 'gate.name="tests.plugin_fuzz:ForgedActionGate"', "gate.k=1", "run.updates=1000",
+        tmp_path, *addresses, 'gate.name="tests.plugin_fuzz:ForgedActionGate"', "run.updates=1000",
         "run.max_wall_s=240", "run.name=fuzz",
         'stages=[{target = "tests.plugin_fuzz:Fuzzer", options = {key = "fuzz", frames = 10000}}]',
     ))

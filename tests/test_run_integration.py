@@ -41,7 +41,7 @@ def _tiny(tmp_path: Path, *extra: str) -> list[str]:
 
 @pytest.mark.slow
 async def test_pipeline_cuts_backfills_and_trains_on_a_tiny_budget(tmp_path):
-    cfg = load(None, _tiny(tmp_path, 'gate.name="tests.plugin_gates:CutEvenGroups"', "gate.k=1"))
+    cfg = load(None, _tiny(tmp_path, 'gate.name="tests.plugin_gates:CutEvenGroups"'))
     started = time.perf_counter()
     result = await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
     assert time.perf_counter() - started < 60
@@ -83,7 +83,7 @@ async def test_pipeline_cuts_backfills_and_trains_on_a_tiny_budget(tmp_path):
 
 @pytest.mark.slow
 async def test_shadow_mode_cuts_nothing_and_scores_decisions(tmp_path):
-    cfg = load(None, _tiny(tmp_path, 'gate.name="tests.plugin_gates:CutEvenGroups"', "gate.k=1", "gate.shadow=true", "run.updates=3"))
+    cfg = load(None, _tiny(tmp_path, 'gate.name="tests.plugin_gates:CutEvenGroups"', "gate.shadow=true", "run.updates=3"))
     result = await run_job(cfg, progress=Progress(3, enabled=False))
     assert result.summary["groups_cut"] == 0
     assert result.outcome.tally.shadow_cancels >= 1
@@ -132,7 +132,7 @@ def test_ctrl_c_stops_cleanly_within_five_seconds(tmp_path):
 async def test_allocator_sub_groups_are_never_gated_and_staleness_is_a_bound(tmp_path, allocator, options):
     # The gate would cut every even group at its first step, commit and rescue groups included, if it saw them.
     cfg = load(None, _tiny(tmp_path, f"allocator.name={allocator}", f"allocator.options={options}",
-                           'gate.name="tests.plugin_gates:CutEvenGroups"', "gate.k=1", "learner.max_staleness=0"))
+                           'gate.name="tests.plugin_gates:CutEvenGroups"', "learner.max_staleness=0"))
     result = await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
     summary = result.summary
     first_stage = {"pilot", "explore", "group"}

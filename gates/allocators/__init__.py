@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import msgspec
-
+from pipeline.plugins import build_plugin, option_problems
 from pipeline.registry import Registry
 
 from .base import Admission as Admission
@@ -31,44 +30,20 @@ ALLOCATORS = Registry(
 )
 
 
-def _allocator_class(name: str) -> Any:
-    cls = ALLOCATORS.get(name)
-    options = getattr(cls, "Options", None)
-    if not (isinstance(options, type) and issubclass(options, msgspec.Struct)):
-        raise LookupError(f"allocator {name!r} ({ALLOCATORS.target(name)}) has no msgspec Struct `Options`")
-    return cls
-
-
 def check_allocator(name: str, options: Mapping[str, Any]) -> list[str]:
     """Every problem with `[allocator] name = ...` and its `[allocator.options]` table, as readable lines
     (empty when fine): an unknown allocator, each unknown or mistyped or out-of-range option, then (only if
-    each option is fine alone) a combination the allocator rejects."""
+    each option is fine alone) a combination the allocator rejects (`pipeline.plugins.option_problems`)."""
     try:
-        cls = _allocator_class(name)
+        cls = ALLOCATORS.get(name)
     except LookupError as exc:
         return [f"allocator.name: {exc}"]
-    fields = {f.name: f for f in msgspec.structs.fields(cls.Options)}
-    problems: list[str] = []
-    for key, value in options.items():
-        where = f"allocator.options.{key}"
-        if key not in fields:
-            known = ", ".join(sorted(fields)) or "none"
-            problems.append(f"{where}: unknown option for allocator {name!r} (known: {known})")
-            continue
-        try:
-            msgspec.convert(value, fields[key].type)
-        except msgspec.ValidationError as exc:
-            problems.append(f"{where}: {str(exc).removesuffix(' - at `$`')}")
-    if not problems:
-        try:
-            msgspec.convert(dict(options), cls.Options)
-        except msgspec.ValidationError as exc:
-            problems.append(f"allocator.options: {exc}")
-    return problems
+    return option_problems(cls, options, "allocator.options", f"allocator {name!r}")
 
 
 def build_allocator(name: str, options: Mapping[str, Any], ctx: AllocatorContext) -> Allocator:
-    """Resolve `name`, decode `options` strictly into its `Options` struct and construct it.
+    """Resolve `name`, decode `options` strictly into its `Options` struct and construct it as
+    `Class(options, ctx)` (the plugin convention of `pipeline.plugins`).
 
     Raises:
         ValueError: an unknown allocator, invalid options (every problem listed), or options the
@@ -77,8 +52,7 @@ def build_allocator(name: str, options: Mapping[str, Any], ctx: AllocatorContext
     problems = check_allocator(name, options)
     if problems:
         raise ValueError(f"invalid allocator {name!r}:\n" + "\n".join(f"  - {p}" for p in problems))
-    cls = _allocator_class(name)
-    return cls(msgspec.convert(dict(options), cls.Options), ctx)
+    return build_plugin(ALLOCATORS.get(name), options, "allocator.options", f"allocator {name!r}", ctx)
 
 
 __all__ = ["ALLOCATORS", "Admission", "Allocator", "AllocatorContext", "build_allocator", "check_allocator"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -41,8 +42,24 @@ def write_plot(
         squeeze=False,
         height_ratios=[max(1.5, 0.35 * len(stages))] + [1.5] * (n_axes - 1),
     )[:, 0]
-    timeline, util = axes[0], axes[1]
+    _timeline(axes[0], stages, lo, busy, waits)
+    _utilization(axes[1], lo, cpu_samples, gpu_tracks)
+    if gauge_names:
+        ax = axes[2]
+        for name in gauge_names:
+            points = [(t - lo, v) for n, t, v in gauges if n == name]
+            ax.step([t for t, _v in points], [v for _t, v in points], where="post", label=name)
+        ax.legend(loc="upper left", fontsize=8)
+        ax.set_ylabel("gauge")
+    axes[-1].set_xlabel("seconds since profile start")
+    fig.savefig(path, dpi=110)
+    return True
 
+
+def _timeline(
+    timeline: Any, stages: list[str], lo: float, busy: Mapping[str, Sequence[Interval]], waits: Mapping[str, Sequence[Interval]]
+) -> None:
+    """One row per stage: its busy intervals in colour over its wait intervals in grey."""
     for row, stage in enumerate(stages):
         y = len(stages) - 1 - row
         spans = [(t0 - lo, t1 - t0) for t0, t1 in union(waits.get(stage, ()))]
@@ -52,6 +69,9 @@ def write_plot(
     timeline.set_yticks(range(len(stages)), list(reversed(stages)))
     timeline.set_title("busy (colour) and wait (grey) per stage")
 
+
+def _utilization(util: Any, lo: float, cpu_samples: Sequence[tuple[float, float, float]], gpu_tracks: Sequence[GpuTrack]) -> None:
+    """Process CPU and each GPU's utilization over time, in percent."""
     if cpu_samples:
         util.step(
             [t1 - lo for _t0, t1, _v in cpu_samples],
@@ -71,14 +91,3 @@ def write_plot(
     util.set_ylabel("%")
     if cpu_samples or gpu_tracks:
         util.legend(loc="upper left", fontsize=8)
-
-    if gauge_names:
-        ax = axes[2]
-        for name in gauge_names:
-            points = [(t - lo, v) for n, t, v in gauges if n == name]
-            ax.step([t for t, _v in points], [v for _t, v in points], where="post", label=name)
-        ax.legend(loc="upper left", fontsize=8)
-        ax.set_ylabel("gauge")
-    axes[-1].set_xlabel("seconds since profile start")
-    fig.savefig(path, dpi=110)
-    return True

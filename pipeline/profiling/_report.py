@@ -122,19 +122,7 @@ def build_report(
     devices (None when no GPU was sampled); both may hold `UNATTRIBUTED`."""
     lo, hi = window
     wall = max(hi - lo, 1e-12)
-    busy: dict[str, list[tuple[float, float]]] = {}
-    waits: dict[str, list[tuple[float, float]]] = {}
-    durations: dict[str, list[float]] = {}
-    for (stage, _name, kind, t0, t1, _c0, _c1), _thread in snap.spans:
-        if kind == BUSY:
-            busy.setdefault(stage, []).append((t0, t1))
-            durations.setdefault(stage, []).append(t1 - t0)
-        elif kind == WAIT:
-            waits.setdefault(stage, []).append((t0, t1))
-    latencies: dict[str, list[float]] = {}
-    for stage, _name, seconds in snap.latencies:
-        latencies.setdefault(stage, []).append(seconds)
-
+    busy, waits, durations, latencies = _by_stage(snap)
     rows = []
     for stage in snap.stages():
         samples, source = latencies.get(stage), "latency"
@@ -163,20 +151,7 @@ def build_report(
                 cuda_ms=1000.0 * cuda_s[stage] if stage in cuda_s else None,
             )
         )
-    # What no stage claimed: CPU of unbound threads or outside spans, GPU time with no busy stage.
-    attributed_cpu = sum(v for k, v in cpu_by_stage.items() if k != UNATTRIBUTED)
-    rest_cpu = (
-        (process_cpu_s - attributed_cpu) if process_cpu_s is not None else cpu_by_stage.get(UNATTRIBUTED, 0)
-    )
-    rows.append(
-        StageRow(
-            stage=UNATTRIBUTED,
-            busy_pct=None,
-            wait_pct=None,
-            cpu_pct=100.0 * max(rest_cpu, 0.0) / wall,
-            gpu_pct=100.0 * gpu_by_stage.get(UNATTRIBUTED, 0.0) / wall if gpu_by_stage is not None else None,
-        )
-    )
+    rows.append(_unattributed_row(wall, cpu_by_stage, process_cpu_s, gpu_by_stage))
     return Report(
         wall_s=hi - lo,
         process_cpu_pct=100.0 * process_cpu_s / wall if process_cpu_s is not None else None,
@@ -186,4 +161,41 @@ def build_report(
         rows=rows,
         spans=len(snap.spans),
         dropped_spans=snap.dropped,
+    )
+
+
+Intervals = dict[str, list[tuple[float, float]]]
+
+
+def _by_stage(snap: Snapshot) -> tuple[Intervals, Intervals, dict[str, list[float]], dict[str, list[float]]]:
+    """Per stage: busy intervals, wait intervals, busy span durations, recorded latencies (seconds)."""
+    busy: Intervals = {}
+    waits: Intervals = {}
+    durations: dict[str, list[float]] = {}
+    for (stage, _name, kind, t0, t1, _c0, _c1), _thread in snap.spans:
+        if kind == BUSY:
+            busy.setdefault(stage, []).append((t0, t1))
+            durations.setdefault(stage, []).append(t1 - t0)
+        elif kind == WAIT:
+            waits.setdefault(stage, []).append((t0, t1))
+    latencies: dict[str, list[float]] = {}
+    for stage, _name, seconds in snap.latencies:
+        latencies.setdefault(stage, []).append(seconds)
+    return busy, waits, durations, latencies
+
+
+def _unattributed_row(
+    wall: float, cpu_by_stage: Mapping[str, float], process_cpu_s: float | None, gpu_by_stage: Mapping[str, float] | None
+) -> StageRow:
+    """What no stage claimed: CPU of unbound threads or outside spans, GPU time with no busy stage."""
+    attributed_cpu = sum(v for k, v in cpu_by_stage.items() if k != UNATTRIBUTED)
+    rest_cpu = (
+        (process_cpu_s - attributed_cpu) if process_cpu_s is not None else cpu_by_stage.get(UNATTRIBUTED, 0)
+    )
+    return StageRow(
+        stage=UNATTRIBUTED,
+        busy_pct=None,
+        wait_pct=None,
+        cpu_pct=100.0 * max(rest_cpu, 0.0) / wall,
+        gpu_pct=100.0 * gpu_by_stage.get(UNATTRIBUTED, 0.0) / wall if gpu_by_stage is not None else None,
     )

@@ -39,44 +39,7 @@ def build_trace(
     by_stage: dict[str, list[SpanRecord]] = {stage: [] for stage in stages}
     for record in spans:
         by_stage.setdefault(record[0], []).append(record)
-
-    meta: list[dict[str, Any]] = [
-        {"name": "process_name", "ph": "M", "ts": 0, "pid": PID, "tid": 0, "args": {"name": "rollcut"}},
-    ]
-    events: list[dict[str, Any]] = []
-    tid = 0
-    for stage, records in by_stage.items():
-        lanes = assign_lanes([(r[3], r[4]) for r in records])
-        base = tid + 1
-        for lane in range(max(lanes, default=0) + 1):
-            tid = base + lane
-            label = stage if lane == 0 else f"{stage} #{lane + 1}"
-            meta.append(
-                {"name": "thread_name", "ph": "M", "ts": 0, "pid": PID, "tid": tid, "args": {"name": label}}
-            )
-            meta.append(
-                {
-                    "name": "thread_sort_index",
-                    "ph": "M",
-                    "ts": 0,
-                    "pid": PID,
-                    "tid": tid,
-                    "args": {"sort_index": tid},
-                }
-            )
-        for (_stage, name, kind, t0, t1, _c0, _c1), lane in zip(records, lanes, strict=True):
-            ts = _us(t0, lo)
-            events.append(
-                {
-                    "name": name or stage,
-                    "cat": "busy" if kind == BUSY else "wait",
-                    "ph": "X",
-                    "ts": ts,
-                    "dur": max(_us(t1, lo) - ts, 0.0),
-                    "pid": PID,
-                    "tid": base + lane,
-                }
-            )
+    meta, events = _span_tracks(by_stage, lo)
 
     def counter(name: str, t: float, args: dict[str, float]) -> None:
         events.append({"name": name, "ph": "C", "ts": _us(t, lo), "pid": PID, "tid": 0, "args": args})
@@ -93,6 +56,41 @@ def build_trace(
 
     events.sort(key=lambda e: (e["ts"], -e.get("dur", 0.0)))
     return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": dict(metadata or {})}
+
+
+def _span_tracks(
+    by_stage: Mapping[str, Sequence[SpanRecord]], lo: float
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Thread metadata (one track per stage and overlap lane) and one X event per span."""
+    meta: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "ts": 0, "pid": PID, "tid": 0, "args": {"name": "rollcut"}},
+    ]
+    events: list[dict[str, Any]] = []
+    tid = 0
+    for stage, records in by_stage.items():
+        lanes = assign_lanes([(r[3], r[4]) for r in records])
+        base = tid + 1
+        for lane in range(max(lanes, default=0) + 1):
+            tid = base + lane
+            label = stage if lane == 0 else f"{stage} #{lane + 1}"
+            meta.append({"name": "thread_name", "ph": "M", "ts": 0, "pid": PID, "tid": tid, "args": {"name": label}})
+            meta.append(
+                {"name": "thread_sort_index", "ph": "M", "ts": 0, "pid": PID, "tid": tid, "args": {"sort_index": tid}}
+            )
+        for (_stage, name, kind, t0, t1, _c0, _c1), lane in zip(records, lanes, strict=True):
+            ts = _us(t0, lo)
+            events.append(
+                {
+                    "name": name or stage,
+                    "cat": "busy" if kind == BUSY else "wait",
+                    "ph": "X",
+                    "ts": ts,
+                    "dur": max(_us(t1, lo) - ts, 0.0),
+                    "pid": PID,
+                    "tid": base + lane,
+                }
+            )
+    return meta, events
 
 
 def validate_trace(trace: Mapping[str, Any]) -> list[str]:

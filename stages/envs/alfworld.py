@@ -23,6 +23,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+import msgspec
+
 from ._game_episode import GameEpisode
 from .base import SPLITS, Task
 
@@ -115,14 +117,20 @@ def _start_game(game: Path, policy_commands: bool = False):
 
 
 class AlfWorldSuite:
-    """ALFWorld games under `data_dir` as tasks; option `families` restricts the task types."""
+    """ALFWorld games under `data_dir` as tasks (its `Options`: the `[env.options]` table)."""
 
     name = "alfworld"
 
-    def __init__(self, max_steps: int = 30, data_dir: str | None = None, families: Sequence[str] | None = None):
+    class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+        data_dir: str | None = None
+        """The json_2.1.1 folder (None: `$ALFWORLD_DATA/json_2.1.1`)."""
+        families: list[str] | None = None
+        """Restrict the task types (None: all six)."""
+
+    def __init__(self, options: Options = Options(), *, max_steps: int = 30):  # noqa: B008 (a frozen Struct)
         self.max_steps = max_steps
-        self.data_dir = Path(data_dir).expanduser() if data_dir else default_data_dir()
-        self.families = tuple(families) if families else tuple(FAMILY_OF_TYPE.values())
+        self.data_dir = Path(options.data_dir).expanduser() if options.data_dir else default_data_dir()
+        self.families = tuple(options.families) if options.families else tuple(FAMILY_OF_TYPE.values())
         if not self.data_dir.is_dir():
             raise FileNotFoundError(f"ALFWorld data folder {self.data_dir} does not exist. {DOWNLOAD_HINT}")
         self._games = {split: self._find(split) for split in SPLITS}

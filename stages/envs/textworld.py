@@ -31,7 +31,9 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Annotated
 
+import msgspec
 import structlog
 
 from ._game_episode import GameEpisode
@@ -154,14 +156,19 @@ def _lost(state) -> dict[str, bool]:
 
 
 class TextWorldSuite:
-    """Games in `games_dir` as tasks; options `games_dir` ("games/textworld") and `heldout_seen_share` (0.2)."""
+    """Games in `games_dir` as tasks (its `Options`: the `[env.options]` table)."""
 
     name = "textworld"
 
-    def __init__(self, max_steps: int = 30, games_dir: str = "games/textworld", heldout_seen_share: float = 0.2):
+    class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+        games_dir: str = "games/textworld"
+        heldout_seen_share: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.2
+        """Share of a flat games folder's games that become `heldout_seen` (per-split subfolders win)."""
+
+    def __init__(self, options: Options = Options(), *, max_steps: int = 30):  # noqa: B008 (a frozen Struct)
         self.max_steps = max_steps
-        self.games_dir = Path(games_dir)
-        self._games = find_games(self.games_dir, heldout_seen_share)
+        self.games_dir = Path(options.games_dir)
+        self._games = find_games(self.games_dir, options.heldout_seen_share)
         if not any(self._games.values()):
             raise FileNotFoundError(f"no {'/'.join(GAME_SUFFIXES)} games in {self.games_dir}")
         empty = [split for split in SPLITS if not self._games[split]]

@@ -25,7 +25,7 @@ from pipeline.messages import (
 )
 from pipeline.rundir import configure_logging
 from pipeline.transport import open_context
-from stages.envs import ENVS
+from stages.envs import build_suite
 from stages.policy import POLICIES
 from stages.policy.base import AgentContext, Policy
 from stages.policy.workers import deserialise_weights
@@ -56,7 +56,7 @@ async def _watch_parent(parent: int, cancel: trio.CancelScope) -> None:
 
 async def serve_worker(config: str, index: int, inbox_address: str, outbox_address: str, parent: int) -> None:
     cfg = load_config(config, ["pretrain.enabled=false", "policy.workers=1"])
-    suite = ENVS.get(cfg.env.name)(max_steps=cfg.env.max_steps, **cfg.env.options)
+    suite = build_suite(cfg.env.name, cfg.env.options, max_steps=cfg.env.max_steps)
     policy = POLICIES.get(cfg.policy.backend)(cfg.policy, cfg.pretrain, suite, seed=cfg.run.seed)
     replies, outgoing = trio.open_memory_channel[WorkerOutbox](4096)
     scopes: dict[int, trio.CancelScope] = {}

@@ -11,6 +11,7 @@ import trio
 
 from pipeline.config import TransportSection
 from pipeline.messages import CancelGroup, GroupResult, PhaseFinished, WeightsPublished
+from pipeline.plugins import build_plugin, option_problems
 from pipeline.profiling import Profiler
 from pipeline.stage import StageContext
 from pipeline.transport import open_context
@@ -27,7 +28,7 @@ def _stage_class():
 
 
 async def test_the_documented_stage_counts_everything_and_returns_at_phase_finished(tmp_path):
-    stage = _stage_class()()
+    stage = build_plugin(_stage_class(), {"path": "cuts.json"}, "stages[0].options", "stage 'cut_counter'")
     addresses = TransportSection(events="inproc://doc-events")
     async with open_context() as zmq:
         pub = zmq.socket("pub", addresses.events, bind=True)
@@ -42,3 +43,18 @@ async def test_the_documented_stage_counts_everything_and_returns_at_phase_finis
             await pub.send(PhaseFinished(updates=4, stop_reason="updates"))
             # leaving the nursery waits for the stage, which must return by itself on PhaseFinished
     assert json.loads((tmp_path / "cuts.json").read_text()) == {"groups": 3, "cut": 1, "cancels": 1, "versions": 4}
+
+
+def test_the_documented_options_struct_is_built_as_the_page_says():
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
+    (code,) = [b for b in blocks if "class MyThing" in b]
+    namespace: dict = {}
+    exec(compile(code, str(DOC), "exec", dont_inherit=True), namespace)  # (not this file's __future__ import)
+    thing = namespace["MyThing"]
+    assert build_plugin(thing, {"window": 3}, "w", "thing").window == 3
+    assert build_plugin(thing, {}, "w", "thing").window == 5
+    assert option_problems(thing, {"window": 0, "lable": "x"}, "stages[0].options", "thing") == [
+        "stages[0].options.window: Expected `int` >= 1",
+        "stages[0].options.lable: unknown option for thing (known: label, window)",
+    ]
+

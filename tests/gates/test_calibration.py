@@ -49,7 +49,7 @@ def test_label_is_zero_variance_over_complete_members_only():
 
 def test_replay_cuts_when_the_last_member_reaches_k_and_saves_the_rest():
     group = _group([SAME, SAME], [0.0, 0.0])
-    cut = replay_cut(PrefixEditDistanceGate(k=10, tau=0.5), group)
+    cut = replay_cut(PrefixEditDistanceGate(PrefixEditDistanceGate.Options(k=10, tau=0.5)), group)
     assert cut == 19  # member 1's 10th step is event 2 * 10 - 1
     assert saved_after(group, cut) == (4, 8)  # steps 11 and 12 of both members, 2 tokens each
     assert saved_after(group, None) == (0, 0)
@@ -57,16 +57,16 @@ def test_replay_cuts_when_the_last_member_reaches_k_and_saves_the_rest():
 
 def test_never_cut_replay_records_every_checkpoint_and_first_cut_agrees_with_the_real_gate():
     group = _group([SAME, SAME[:6] + OTHER[6:]], [0.0, 0.0])  # d_5 = 0, d_10 = 0.4
-    values = checkpoint_values(PrefixEditDistanceGate(k=5, tau=0.0, checkpoints=[10]), group)
+    values = checkpoint_values(PrefixEditDistanceGate(PrefixEditDistanceGate.Options(k=5, tau=0.0, checkpoints=[10])), group)
     assert [(c.k, round(c.value, 2)) for c in values] == [(5, 0.0), (10, 0.4)]
     for tau, ks in [(0.3, (10,)), (0.5, (10,)), (0.1, (5, 10)), (0.0, (5, 10))]:
-        real = replay_cut(PrefixEditDistanceGate(k=min(ks), tau=tau, checkpoints=ks), group)
+        real = replay_cut(PrefixEditDistanceGate(PrefixEditDistanceGate.Options(k=min(ks), tau=tau, checkpoints=list(ks))), group)
         assert first_cut(values, tau, ks) == real
 
 
 def test_a_cutting_gate_in_a_never_cut_replay_is_refused():
     with pytest.raises(ValueError, match="not a threshold gate"):
-        checkpoint_values(PrefixEditDistanceGate(k=5, tau=0.5), _group([SAME, SAME], [0.0, 0.0]))
+        checkpoint_values(PrefixEditDistanceGate(PrefixEditDistanceGate.Options(k=5, tau=0.5)), _group([SAME, SAME], [0.0, 0.0]))
 
 
 def test_oracle_counts_steps_beyond_k():

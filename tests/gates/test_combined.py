@@ -36,19 +36,19 @@ def test_combine_is_max_or_min_of_value_over_tau():
 
 def test_all_of_cuts_only_when_every_member_is_below_its_tau():
     stuck, moving = ["iiii", "iiii"], ["pppp", "pppp"]
-    assert [d.cut for d in _decisions(AllOfGate(k=4, gates=MEMBERS), _stream(SAME, stuck))] == [True]
-    assert [d.cut for d in _decisions(AllOfGate(k=4, gates=MEMBERS), _stream(SAME, moving))] == [False]
-    assert [d.cut for d in _decisions(AllOfGate(k=4, gates=MEMBERS), _stream(DIFFERENT, stuck))] == [False]
+    assert [d.cut for d in _decisions(AllOfGate(AllOfGate.Options(k=4, gates=MEMBERS)), _stream(SAME, stuck))] == [True]
+    assert [d.cut for d in _decisions(AllOfGate(AllOfGate.Options(k=4, gates=MEMBERS)), _stream(SAME, moving))] == [False]
+    assert [d.cut for d in _decisions(AllOfGate(AllOfGate.Options(k=4, gates=MEMBERS)), _stream(DIFFERENT, stuck))] == [False]
 
 
 def test_any_of_cuts_when_one_member_is_below_its_tau():
-    assert [d.cut for d in _decisions(AnyOfGate(k=4, gates=MEMBERS), _stream(DIFFERENT, ["iiii", "iiii"]))] == [True]
-    assert [d.cut for d in _decisions(AnyOfGate(k=4, gates=MEMBERS), _stream(DIFFERENT, ["pppp", "pppp"]))] == [False]
+    assert [d.cut for d in _decisions(AnyOfGate(AnyOfGate.Options(k=4, gates=MEMBERS)), _stream(DIFFERENT, ["iiii", "iiii"]))] == [True]
+    assert [d.cut for d in _decisions(AnyOfGate(AnyOfGate.Options(k=4, gates=MEMBERS)), _stream(DIFFERENT, ["pppp", "pppp"]))] == [False]
 
 
 def test_members_see_every_checkpoint_and_the_first_agreeing_one_cuts():
     # Stuck only from step 2 on: at K=2 the stall member says progress (1.0), at K=4 it says 0.
-    gate = AllOfGate(k=2, checkpoints=[4], gates=MEMBERS)
+    gate = AllOfGate(AllOfGate.Options(k=2, checkpoints=[4], gates=MEMBERS))
     decisions = _decisions(gate, _stream(SAME, ["ppii", "ppii"]))
     assert [(d.checkpoint, d.cut) for d in decisions] == [(2, False), (4, True)]
     assert "prefix_edit_distance=0.000/0.5" in decisions[1].reason
@@ -56,13 +56,13 @@ def test_members_see_every_checkpoint_and_the_first_agreeing_one_cuts():
 
 def test_bad_member_specs_are_refused():
     with pytest.raises(ValueError, match="at least two"):
-        AllOfGate(k=4, gates=MEMBERS[:1])
+        AllOfGate(AllOfGate.Options(k=4, gates=MEMBERS[:1]))
     with pytest.raises(ValueError, match="name and a tau"):
-        AllOfGate(k=4, gates=[{"name": "stall"}, MEMBERS[0]])
+        AllOfGate(AllOfGate.Options(k=4, gates=[{"name": "stall"}, MEMBERS[0]]))
     with pytest.raises(ValueError, match="tau must be > 0"):
-        AllOfGate(k=4, gates=[{"name": "stall", "tau": 0}, MEMBERS[0]])
+        AllOfGate(AllOfGate.Options(k=4, gates=[{"name": "stall", "tau": 0}, MEMBERS[0]]))
     with pytest.raises(LookupError, match="unknown gates"):
-        AllOfGate(k=4, gates=[{"name": "nope", "tau": 0.1}, MEMBERS[0]])
+        AllOfGate(AllOfGate.Options(k=4, gates=[{"name": "nope", "tau": 0.1}, MEMBERS[0]]))
 
 
 def test_combinations_are_registered():

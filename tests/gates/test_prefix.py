@@ -101,7 +101,7 @@ def _feed(gate, gid, sequences, done_at_end=()):
 
 
 def test_gate_decides_once_when_every_member_reaches_k():
-    gate = PrefixEditDistanceGate(k=10, tau=0.12)
+    gate = PrefixEditDistanceGate(PrefixEditDistanceGate.Options(k=10, tau=0.12))
     gate.open(1, 8)
     decisions = _feed(gate, 1, [BASE + ["look"] * 5] * 8)
     assert len(decisions) == 1
@@ -110,7 +110,7 @@ def test_gate_decides_once_when_every_member_reaches_k():
 
 
 def test_gate_waits_for_slow_members_but_not_for_ended_ones():
-    gate = PrefixEditDistanceGate(k=10, tau=0.12)
+    gate = PrefixEditDistanceGate(PrefixEditDistanceGate.Options(k=10, tau=0.12))
     gate.open(1, 3)
     decisions = _feed(gate, 1, [BASE, BASE, BASE[:4]], done_at_end={2})
     (step, rollout, decision), = decisions
@@ -119,7 +119,7 @@ def test_gate_waits_for_slow_members_but_not_for_ended_ones():
 
 
 def test_gate_never_evaluates_when_all_ended_before_k():
-    gate = PrefixEditDistanceGate(k=10, tau=0.12)
+    gate = PrefixEditDistanceGate(PrefixEditDistanceGate.Options(k=10, tau=0.12))
     gate.open(1, 2)
     assert _feed(gate, 1, [BASE[:3], BASE[:5]], done_at_end={0, 1}) == []
     assert gate.close(1) == []
@@ -127,7 +127,7 @@ def test_gate_never_evaluates_when_all_ended_before_k():
 
 def test_checkpoints_are_evaluated_in_order_until_a_cut():
     diverse = [[f"a{r}{i}" for i in range(4)] + ["look"] * 20 for r in range(4)]
-    gate = PrefixEditDistanceGate(k=4, tau=0.3, checkpoints=[24])
+    gate = PrefixEditDistanceGate(PrefixEditDistanceGate.Options(k=4, tau=0.3, checkpoints=[24]))
     gate.open(1, 4)
     decisions = [d for _, _, d in _feed(gate, 1, diverse)]
     assert [(d.checkpoint, d.cut) for d in decisions] == [(4, False), (24, True)]
@@ -154,7 +154,7 @@ def test_shadow_ledger_precision_and_recall():
 def test_an_index_outside_the_group_is_ignored_not_an_index_error():
     from pipeline.messages import StepEvent
 
-    gate = PrefixEditDistanceGate(k=1, tau=0.5)
+    gate = PrefixEditDistanceGate(PrefixEditDistanceGate.Options(k=1, tau=0.5))
     gate.open(0, 2)
     for r in (99, -1):
         event = StepEvent(group_id=0, rollout_index=r, step_index=0, action="a", done=False, reward=0.0, policy_version=0)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gates import GATES
+from gates import GATES, build_gate
 from gates.stall import StallGate, progress_fraction
 from pipeline.messages import RolloutFailed, StepEvent
 
@@ -39,8 +39,8 @@ def test_members_that_ended_without_reward_have_no_say():
 def test_window_must_be_positive():
     with pytest.raises(ValueError, match="window"):
         progress_fraction([], 3, 0)
-    with pytest.raises(ValueError, match="window"):
-        StallGate(k=5, tau=0.3, window=0)
+    with pytest.raises(ValueError, match=r"gate.options.window: Expected `int` >= 1"):
+        build_gate("stall", {"k": 5, "tau": 0.3, "window": 0})
 
 
 def _feed(gate, members: list[list[StepEvent]]):
@@ -57,7 +57,7 @@ def _feed(gate, members: list[list[StepEvent]]):
 
 
 def test_gate_decides_when_the_last_member_reaches_k_and_cuts_below_tau():
-    gate = StallGate(k=4, tau=0.5, window=2)
+    gate = StallGate(StallGate.Options(k=4, tau=0.5, window=2))
     gate.open(1, 2)
     decisions = _feed(gate, [_member(0, "ppii" + "p" * 4), _member(1, "pprr" + "p" * 4)])
     assert [(i, d.checkpoint, d.value, d.cut) for i, d in decisions] == [(7, 4, 0.0, True)]
@@ -67,14 +67,14 @@ def test_gate_decides_when_the_last_member_reaches_k_and_cuts_below_tau():
 
 
 def test_gate_keeps_a_progressing_group_and_tries_later_checkpoints():
-    gate = StallGate(k=2, tau=0.5, checkpoints=[4], window=2)
+    gate = StallGate(StallGate.Options(k=2, tau=0.5, checkpoints=[4], window=2))
     gate.open(1, 2)
     decisions = _feed(gate, [_member(0, "ppii"), _member(1, "pprr")])
     assert [(d.checkpoint, d.cut) for _, d in decisions] == [(2, False), (4, True)]
 
 
 def test_group_that_ended_before_k_is_never_evaluated_and_failures_release_it():
-    gate = StallGate(k=5, tau=0.9)
+    gate = StallGate(StallGate.Options(k=5, tau=0.9))
     gate.open(1, 2)
     assert _feed(gate, [_member(0, "iii", done_at=2), _member(1, "ii", done_at=1)]) == []
     gate.open(2, 2)

@@ -8,7 +8,7 @@ from pipeline.config import ConfigError, RunConfig, dump_toml, load_config, pars
 def test_defaults_load():
     cfg = load_config()
     assert cfg == RunConfig()
-    assert cfg.gate.k == 12 and cfg.gate.tau == 0.5 and cfg.rollout.group_size == 8
+    assert cfg.gate.k is None and cfg.gate.tau is None and cfg.rollout.group_size == 8  # the gate's own defaults apply
 
 
 def test_overrides_are_typed_from_toml_syntax():
@@ -80,3 +80,11 @@ def test_tcp_addresses_are_loopback_unless_remote_is_allowed():
         load_config(None, ['transport.steps="tcp://0.0.0.0:5555"'])
     load_config(None, ['transport.steps="tcp://127.0.0.1:5555"'])
     load_config(None, ['transport.events="tcp://*:5556"', "transport.allow_remote=true"])
+
+
+def test_gate_shortcuts_fold_into_the_gate_options_and_may_not_be_set_twice():
+    cfg = load_config(None, ["gate.tau=0.3", "gate.options={window = 4}", 'gate.name="stall"'])
+    assert cfg.gate.gate_options() == {"window": 4, "tau": 0.3}  # k left to the gate's own default
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["gate.k=5", "gate.options={k = 6}"])
+    assert info.value.problems == ["gate.k and gate.options.k are both set: keep one"]

@@ -4,7 +4,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-COMPOSITION_ROOTS = {"pipeline/grpo.py", "pipeline/job.py"}
+COMPOSITION_ROOTS = {"pipeline/grpo.py", "pipeline/job.py", "pipeline/job_summary.py"}
 
 
 def _imports(path: Path) -> set[str]:

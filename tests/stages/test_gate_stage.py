@@ -59,7 +59,7 @@ async def test_shadow_mode_flags_decisions_and_scores_closed_groups():
     messages = [GroupOpened(group_id=1, task_id="a", size=8, policy_version=0, admitted_at=0.0),
                 *_steps(1, [ACTIONS] * 8),
                 GroupClosed(group_id=1, rewards=[0.0] * 8, cut=False, steps=80)]
-    stage = build_stage("gate", {"k": 10, "tau": 0.12, "shadow": True})
+    stage = build_stage("gate", {"gate": "prefix_edit_distance", "k": 10, "tau": 0.12, "shadow": True})
     (decision,) = await _run_gate(stage, messages, until=lambda: stage.ledger.groups > 0)
     assert decision.shadow
     assert stage.ledger.true_positive == 1

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Annotated, Literal
+
+import msgspec
 
 from ..base import SPLITS, Task
 from . import text
@@ -15,55 +18,55 @@ from .world import TaskSpec
 
 
 class HouseholdSuite:
-    """ALFWorld-like household tasks, generated deterministically from `seed`.
-
-    Options (the `[env.options]` table): `seed` (0), `train_size` (3000), `heldout_seen_size` (600),
-    `heldout_unseen_size` (600), `layouts_per_room` (40), `unseen_layouts_per_room` (12),
-    `unseen_combination_share` (0.2), `heldout_seen_share` (0.2), `families` (all six) and `expert` (default "omniscient")
-    ("searching": explores receptacles in a fixed order and uses only what it has seen; "omniscient":
-    walks straight to the goal objects, the shortest plans and the easiest to imitate for a tiny model).
-    Task ids are `household/<split>/<index:06d>`; for a given seed they are the same on every machine,
+    """ALFWorld-like household tasks, generated deterministically from `seed` (its `Options`: the
+    `[env.options]` table). Task ids are `household/<split>/<index:06d>`; for a given seed they are the same on every machine,
     and a split's first N tasks do not change when its size (or another split's) grows.
     Splits are generated on first use and cached.
     """
 
     name = "household"
 
-    def __init__(
-        self,
-        max_steps: int = 30,
-        seed: int = 0,
-        train_size: int = 3000,
-        heldout_seen_size: int = 600,
-        heldout_unseen_size: int = 600,
-        layouts_per_room: int = 40,
-        unseen_layouts_per_room: int = 12,
-        unseen_combination_share: float = 0.2,
-        heldout_seen_share: float = 0.2,
-        families: Sequence[str] = FAMILIES,
-        expert: str = "omniscient",
-    ) -> None:
-        if expert not in ("searching", "omniscient"):
-            raise ValueError(f"expert must be 'searching' or 'omniscient', got {expert!r}")
-        self.omniscient = expert == "omniscient"
+    class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+        seed: int = 0
+        train_size: Annotated[int, msgspec.Meta(ge=0)] = 3000
+        heldout_seen_size: Annotated[int, msgspec.Meta(ge=0)] = 600
+        heldout_unseen_size: Annotated[int, msgspec.Meta(ge=0)] = 600
+        layouts_per_room: Annotated[int, msgspec.Meta(ge=1)] = 40
+        unseen_layouts_per_room: Annotated[int, msgspec.Meta(ge=1)] = 12
+        unseen_combination_share: Annotated[float, msgspec.Meta(gt=0, lt=1)] = 0.2
+        heldout_seen_share: Annotated[float, msgspec.Meta(gt=0, lt=1)] = 0.2
+        families: tuple[str, ...] = FAMILIES
+        """A non-empty subset of the six task families."""
+        expert: Literal["searching", "omniscient"] = "omniscient"
+        """"searching": explores receptacles in a fixed order and uses only what it has seen; "omniscient":
+        walks straight to the goal objects, the shortest plans and the easiest to imitate for a tiny model."""
+
+        def __post_init__(self) -> None:
+            unknown = [family for family in self.families if family not in FAMILIES]
+            if unknown or not self.families:
+                raise ValueError(f"families must be a non-empty subset of {FAMILIES}, got {list(self.families)}")
+
+    def __init__(self, options: Options = Options(), *, max_steps: int = 30) -> None:  # noqa: B008 (a frozen Struct)
+        if options.expert not in ("searching", "omniscient"):
+            raise ValueError(f"expert must be 'searching' or 'omniscient', got {options.expert!r}")
+        self.omniscient = options.expert == "omniscient"
         if max_steps < 1:
             raise ValueError("max_steps must be >= 1")
-        unknown = [family for family in families if family not in FAMILIES]
-        if unknown or not families:
-            raise ValueError(f"families must be a non-empty subset of {FAMILIES}, got {list(families)}")
-        for share in (unseen_combination_share, heldout_seen_share):
+        for share in (options.unseen_combination_share, options.heldout_seen_share):
             if not 0.0 < share < 1.0:
                 raise ValueError(f"shares must be strictly between 0 and 1, got {share}")
         self.max_steps = max_steps
         self.config = SplitConfig(
-            seed=seed,
-            layouts_per_room=layouts_per_room,
-            unseen_layouts_per_room=unseen_layouts_per_room,
-            unseen_combination_share=unseen_combination_share,
-            heldout_seen_share=heldout_seen_share,
-            families=tuple(families),
+            seed=options.seed,
+            layouts_per_room=options.layouts_per_room,
+            unseen_layouts_per_room=options.unseen_layouts_per_room,
+            unseen_combination_share=options.unseen_combination_share,
+            heldout_seen_share=options.heldout_seen_share,
+            families=tuple(options.families),
         )
-        self.sizes = {"train": train_size, "heldout_seen": heldout_seen_size, "heldout_unseen": heldout_unseen_size}
+        self.sizes = {
+            "train": options.train_size, "heldout_seen": options.heldout_seen_size, "heldout_unseen": options.heldout_unseen_size,
+        }
         self._specs: dict[str, list[TaskSpec]] = {}
         self._tasks: dict[str, list[Task]] = {}
         self._plans: dict[str, list[list[str]]] = {}

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from stages.envs import ENVS
+from stages.envs import build_suite
 from stages.envs.alfworld import AlfWorldSuite, describe_task_folder, write_game
 
 HAS_ALFWORLD = importlib.util.find_spec("alfworld") is not None
@@ -33,22 +33,22 @@ def test_task_folders_name_family_and_description():
 
 def test_missing_data_says_how_to_download(tmp_path):
     with pytest.raises(FileNotFoundError, match="alfworld-download"):
-        ENVS.get("alfworld")(max_steps=30, data_dir=str(tmp_path / "json_2.1.1"))
+        build_suite("alfworld", {"data_dir": str(tmp_path / "json_2.1.1")}, max_steps=30)
     (tmp_path / "empty" / "train").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match=r"no game\.tw-pddl files"):
-        AlfWorldSuite(data_dir=str(tmp_path / "empty"))
+        AlfWorldSuite(AlfWorldSuite.Options(data_dir=str(tmp_path / "empty")))
 
 
 def test_missing_package_says_what_to_install(tmp_path, monkeypatch):
     # A None entry in sys.modules makes the import fail as if the package were not installed.
     monkeypatch.setitem(sys.modules, "alfworld.agents.environment.alfred_tw_env", None)
     with pytest.raises(ImportError, match=r"pip install 'rollcut\[alfworld\]'"):
-        AlfWorldSuite(data_dir=str(_fake_data(tmp_path)))
+        AlfWorldSuite(AlfWorldSuite.Options(data_dir=str(_fake_data(tmp_path))))
 
 
 @pytest.mark.skipif(not HAS_ALFWORLD, reason="needs the alfworld extra")
 def test_splits_map_to_alfworld_folders(tmp_path):
-    suite = AlfWorldSuite(data_dir=str(_fake_data(tmp_path)))
+    suite = AlfWorldSuite(AlfWorldSuite.Options(data_dir=str(_fake_data(tmp_path))))
     (train,) = suite.tasks("train")
     assert train.task_id == "alfworld/train/pick_clean_then_place_in_recep-Mug-None-Cabinet-10/trial_T20190907_000000_000000"
     assert (train.family, train.description, train.features["scene"]) == ("pick_clean_then_place", "put a clean mug in cabinet", 10.0)
@@ -83,7 +83,7 @@ TINY_PROBLEM = f"""(define (problem plan_trial_tiny)
 def test_an_authored_game_is_won_by_the_pddl_planner(tmp_path):
     folder = tmp_path / "train" / "pick_and_place_simple-Mug-None-Cabinet-1" / "trial_T0"
     write_game(folder / "game.tw-pddl", TINY_PROBLEM, "put a mug in cabinet")
-    suite = AlfWorldSuite(max_steps=10, data_dir=str(tmp_path))
+    suite = AlfWorldSuite(AlfWorldSuite.Options(data_dir=str(tmp_path)), max_steps=10)
     (task,) = suite.tasks("train")
     plan = suite.expert(task)
     assert plan[0] == "go to countertop 1"

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from stages.envs import ENVS
+from stages.envs import build_suite
 from stages.envs.textworld import TextWorldSuite, clean_feedback, find_games
 
 pytestmark = [
@@ -26,7 +26,7 @@ def games_dir(tmp_path_factory):
 
 
 def test_a_generated_game_is_won_by_its_walkthrough(games_dir):
-    suite = ENVS.get("textworld")(max_steps=30, games_dir=str(games_dir))
+    suite = build_suite("textworld", {"games_dir": str(games_dir)}, max_steps=30)
     (task,) = suite.tasks("train")
     assert task.task_id == "textworld/train/tw-000007"
     assert task.description
@@ -48,7 +48,7 @@ def test_a_generated_game_is_won_by_its_walkthrough(games_dir):
 
 
 def test_step_limit_and_vocabulary(games_dir):
-    suite = TextWorldSuite(max_steps=2, games_dir=str(games_dir))
+    suite = TextWorldSuite(TextWorldSuite.Options(games_dir=str(games_dir)), max_steps=2)
     (task,) = suite.tasks("train")
     env = suite.make()
     env.reset(task)
@@ -62,9 +62,9 @@ def test_step_limit_and_vocabulary(games_dir):
 
 def test_missing_folder_and_json_raise_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        TextWorldSuite(games_dir=str(tmp_path / "nowhere"))
+        TextWorldSuite(TextWorldSuite.Options(games_dir=str(tmp_path / "nowhere")))
     (tmp_path / "lonely.z8").write_bytes(b"")
-    suite = TextWorldSuite(games_dir=str(tmp_path), heldout_seen_share=0.0)
+    suite = TextWorldSuite(TextWorldSuite.Options(games_dir=str(tmp_path), heldout_seen_share=0.0))
     with pytest.raises(FileNotFoundError, match="lonely.json is missing"):
         suite.tasks("train")
 
@@ -96,6 +96,6 @@ def test_an_empty_split_is_warned_about_with_how_to_make_split_folders(tmp_path)
 
     (tmp_path / "only.z8").write_bytes(b"")
     with capture_logs() as logs:
-        TextWorldSuite(games_dir=str(tmp_path), heldout_seen_share=0.0)
+        TextWorldSuite(TextWorldSuite.Options(games_dir=str(tmp_path), heldout_seen_share=0.0))
     (warning,) = [e for e in logs if e["event"] == "textworld.empty_split"]
     assert warning["empty"] == ["heldout_seen", "heldout_unseen"] and "heldout_unseen" in warning["hint"]

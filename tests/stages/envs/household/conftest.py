@@ -11,7 +11,7 @@ SPLIT_SIZE = 500
 
 @pytest.fixture(scope="session")
 def suite() -> HouseholdSuite:
-    return HouseholdSuite(train_size=SPLIT_SIZE, heldout_seen_size=SPLIT_SIZE, heldout_unseen_size=SPLIT_SIZE, expert="searching")
+    return HouseholdSuite(HouseholdSuite.Options(train_size=SPLIT_SIZE, heldout_seen_size=SPLIT_SIZE, heldout_unseen_size=SPLIT_SIZE, expert="searching"))
 
 
 def first_task(suite: HouseholdSuite, split: str = "train", **wanted):

@@ -54,7 +54,7 @@ def test_closed_receptacles_hide_their_contents_until_opened(suite):
 
 
 def test_step_limit_ends_the_episode_without_a_win(suite):
-    env = HouseholdSuite(max_steps=3, train_size=5).make()
+    env = HouseholdSuite(HouseholdSuite.Options(train_size=5), max_steps=3).make()
     env.reset(suite.tasks("train")[0])
     results = [env.step("look") for _ in range(3)]
     assert [r.done for r in results] == [False, False, True]

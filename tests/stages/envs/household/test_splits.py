@@ -52,7 +52,7 @@ def test_every_family_has_seen_and_unseen_combinations(suite):
 
 
 def test_same_seed_same_tasks_and_observations():
-    first, second = HouseholdSuite(train_size=60), HouseholdSuite(train_size=60)
+    first, second = HouseholdSuite(HouseholdSuite.Options(train_size=60)), HouseholdSuite(HouseholdSuite.Options(train_size=60))
     assert first.tasks("train") == second.tasks("train")
     for task in first.tasks("train")[:10]:
         env_a, env_b = first.make(), second.make()
@@ -62,20 +62,20 @@ def test_same_seed_same_tasks_and_observations():
 
 
 def test_another_seed_gives_other_tasks():
-    descriptions = [t.description for t in HouseholdSuite(train_size=60).tasks("train")]
-    assert descriptions != [t.description for t in HouseholdSuite(seed=1, train_size=60).tasks("train")]
+    descriptions = [t.description for t in HouseholdSuite(HouseholdSuite.Options(train_size=60)).tasks("train")]
+    assert descriptions != [t.description for t in HouseholdSuite(HouseholdSuite.Options(seed=1, train_size=60)).tasks("train")]
 
 
 def test_splits_are_prefix_stable_and_independent_of_each_other():
-    small = HouseholdSuite(train_size=40, heldout_seen_size=20)
-    large = HouseholdSuite(train_size=120, heldout_seen_size=60)
+    small = HouseholdSuite(HouseholdSuite.Options(train_size=40, heldout_seen_size=20))
+    large = HouseholdSuite(HouseholdSuite.Options(train_size=120, heldout_seen_size=60))
     assert large.tasks("train")[:40] == small.tasks("train")
     assert large.tasks("heldout_seen")[:20] == small.tasks("heldout_seen")
 
 
 def task_digest() -> str:
     """SHA-256 over the ids, texts, features and expert plans of a small default-seed suite."""
-    suite = HouseholdSuite(train_size=100, heldout_seen_size=30, heldout_unseen_size=30, expert="searching")
+    suite = HouseholdSuite(HouseholdSuite.Options(train_size=100, heldout_seen_size=30, heldout_unseen_size=30, expert="searching"))
     digest = hashlib.sha256()
     for split in SPLITS:
         for task in suite.tasks(split):

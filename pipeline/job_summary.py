@@ -1,0 +1,129 @@
+"""The run's summary (summary.json / summary.md figures) and the held-out report helpers of the job.
+
+Part of the job's composition root (`pipeline/job.py`): it reads the GRPO phase's outcome and the
+evaluation reports and turns them into the flat record that `write_summary` and the A/B tables read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stages.evaluate import EpisodeOutcome, EvalReport, summarize
+
+from .config import RunConfig
+from .grpo import GrpoOutcome
+from .memory import peak_rss_mb
+
+
+def fmt_eval(reports: dict[str, EvalReport]) -> str:
+    return ", ".join(f"{split} {r.success:.1%} ({len(r.episodes)} tasks)" for split, r in reports.items()) or "skipped (eval.tasks = 0)"
+
+
+def family_table(before: dict[str, EvalReport], after: dict[str, EvalReport]) -> str:
+    lines = ["| split | family | before | after |", "|---|---|---|---|"]
+    for split, report in before.items():
+        for family, value in sorted(report.per_family.items()):
+            lines.append(f"| {split} | {family} | {value:.1%} | {after[split].per_family.get(family, float('nan')) if split in after else float('nan'):.1%} |")
+    return "\n".join(lines)
+
+
+def mean_success(reports: dict[str, EvalReport]) -> float | None:
+    episodes = [e for r in reports.values() for e in r.episodes]
+    return sum(e.won for e in episodes) / len(episodes) if episodes else None
+
+
+def reports_to_json(reports: dict[str, EvalReport]) -> dict[str, list[list[Any]]]:
+    return {split: [[e.task_id, e.family, e.won, e.steps] for e in r.episodes] for split, r in reports.items()}
+
+
+def reports_from_json(data: dict[str, list[list[Any]]]) -> dict[str, EvalReport]:
+    return {split: summarize([EpisodeOutcome(*row) for row in rows]) for split, rows in data.items()}
+
+
+def summary(
+    cfg: RunConfig, outcome: GrpoOutcome, before: dict[str, EvalReport], after: dict[str, EvalReport], warm_start_s: float, wall_s: float,
+    *, profiler_overhead_pct: float | None, generated_tokens: int | None = None,
+) -> dict[str, Any]:
+    """Every figure of the run, flat (dicts only for per-kind and per-split breakdowns)."""
+    gate_stats = outcome.gate.statistics() if outcome.gate is not None else {}
+    alloc = dict(outcome.allocator.statistics())
+    return _group_figures(cfg, outcome, gate_stats) | _throughput_figures(outcome, gate_stats, alloc, generated_tokens) | {
+        "heldout_success_before": mean_success(before),
+        "heldout_success_after": mean_success(after),
+        "heldout_before": {s: r.success for s, r in before.items()},
+        "heldout_after": {s: r.success for s, r in after.items()},
+        "heldout_tasks_per_split": cfg.eval.tasks,
+        "heldout_curve": outcome.tally.evaluations,
+        "eval_s": outcome.tally.eval_s,
+        "loop_lag_p99_ms": outcome.loop_lag_p99_ms(),
+        "profiler_overhead_pct": profiler_overhead_pct,
+        "warm_start_s": warm_start_s,
+        "grpo_wall_s": outcome.wall_s,
+        "wall_s": wall_s,
+        "allocator_stats": alloc,
+        "peak_rss_mb": peak_rss_mb(),
+        "dropped_frames_total": sum(n for counts in outcome.dropped_frames.values() for n in counts.values()),
+        "dropped_frames": outcome.dropped_frames,
+    }
+
+
+def gate_label(cfg: RunConfig, outcome: GrpoOutcome) -> str:
+    """"name K=.. tau=.." from the gate's resolved options (its own defaults included), "off" without one."""
+    if not cfg.gate.enabled or outcome.gate is None:
+        return "off"
+    options = getattr(outcome.gate.gate, "options", None)
+    shown = [f"{label}={getattr(options, key)}" for label, key in (("K", "k"), ("tau", "tau")) if hasattr(options, key)]
+    return " ".join([cfg.gate.name, *shown]) + (" shadow" if cfg.gate.shadow else "")
+
+
+def _group_figures(cfg: RunConfig, outcome: GrpoOutcome, gate_stats: dict[str, Any]) -> dict[str, Any]:
+    """What happened to the groups: admitted, cut, trained, by outcome and by kind."""
+    tally, learner = outcome.tally, outcome.learner.counters
+    return {
+        "seed": cfg.run.seed,
+        "gate": gate_label(cfg, outcome),
+        "allocator": cfg.allocator.name,
+        "stop_reason": outcome.stop_reason,
+        "groups_admitted": outcome.admission.groups_admitted,
+        "groups_cut": tally.groups_cut,
+        "groups_backfilled": outcome.admission.backfills,
+        "groups_trained": learner.groups_trained,
+        "groups_dropped_zero_variance": learner.groups_dropped_zero_variance,
+        "cut_groups_reaching_learner": learner.cut_groups_refused + tally.cut_emission_refused,
+        "zero_variance_fraction": tally.merged_zero_variance / tally.merged_full_size if tally.merged_full_size else None,
+        "zero_variance_prompts": tally.merged_full_size,
+        "first_stage_groups": tally.first_stage_groups,
+        "first_stage_cut_fraction": tally.first_stage_cut / tally.first_stage_groups if tally.first_stage_groups else None,
+        "gate_decisions_by_kind": {k.rsplit("/", 1)[1]: v for k, v in gate_stats.items() if k.startswith("gate/decisions/")},
+        "gate_groups_seen_by_kind": {k.rsplit("/", 1)[1]: v for k, v in gate_stats.items() if k.startswith("gate/groups_seen/")},
+        "cuts_late": outcome.rollout.cuts_late + tally.cancels_late,
+        "groups_all_fail": tally.all_fail_complete,
+        "groups_mixed": tally.groups_complete - tally.all_fail_complete - tally.all_succeed_complete,
+        "groups_all_succeed": tally.all_succeed_complete,
+    }
+
+
+def _throughput_figures(
+    outcome: GrpoOutcome, gate_stats: dict[str, Any], alloc: dict[str, Any], generated_tokens: int | None
+) -> dict[str, Any]:
+    """The gate's quality and cost, occupancy, staleness, env steps and tokens."""
+    tally, learner = outcome.tally, outcome.learner.counters
+    return {
+        "gate_precision": gate_stats.get("gate/precision"),
+        "gate_recall": gate_stats.get("gate/recall"),
+        "gate_us_per_decision": gate_stats.get("gate/us_per_decision"),
+        "gate_cpu_us_per_decision": gate_stats.get("gate/cpu_us_per_decision"),
+        "slot_occupancy": outcome.slot_occupancy,
+        "trajectory_slot_occupancy": outcome.trajectory_slot_occupancy,
+        "staleness_lag_max": tally.staleness_lag_max,
+        "staleness_lag_mean": tally.lag_sum / tally.items_trained if tally.items_trained else None,
+        "items_dropped_stale": tally.items_dropped_stale,
+        "items_trained": tally.items_trained,
+        "env_steps": outcome.env_steps,
+        "env_steps_per_s": outcome.env_steps / outcome.wall_s if outcome.wall_s > 0 else None,
+        "rollouts_spent": alloc.get("allocator/rollouts_spent"),
+        "trajectories_failed": outcome.rollout.trajectories_failed,
+        "generated_tokens": generated_tokens,
+        "learner_updates": learner.updates,
+        "train_success_rate": tally.successes / tally.rollouts_finished if tally.rollouts_finished else None,
+    }
