@@ -172,3 +172,17 @@ async def test_custom_stages_see_every_event_and_a_failing_one_is_named(tmp_path
     with pytest.raises(RunFailed) as info:
         await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
     assert str(info.value).startswith("stage 'explodes': ValueError: the plugin has a bug.")  # what run.py prints
+
+
+@pytest.mark.slow
+async def test_the_learn_preset_runs_and_acts_only_admissible_commands(tmp_path):
+    """configs/learn.toml on a tiny budget (not its rise): constrained decoding end to end, all turns trained."""
+    options = TINY[-1].replace("bc_eval_tasks = 0}", "bc_eval_tasks = 0, choose_admissible = true}")
+    cfg = load(ROOT / "configs" / "learn.toml", _tiny(tmp_path, options, "eval.every=1", "gate.k=4"))
+    assert cfg.policy.options["choose_admissible"] and cfg.learner.max_items == 0
+    result = await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
+    assert result.summary["learner_updates"] == cfg.run.updates
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    updates = [r for r in rows if "learner/invalid_action_fraction" in r]
+    assert updates and all(r["learner/invalid_action_fraction"] == 0.0 for r in updates)
+    assert any(r.get("heldout/mean") is not None for r in rows)  # the periodic learning curve

@@ -8,6 +8,8 @@ sampling distribution) fails here.
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 import pytest
 import torch
@@ -87,15 +89,17 @@ def _replayed_contexts(suite, result: GroupResult, trajectory) -> list[AgentCont
 
 def test_the_prompt_the_learner_scores_is_byte_for_byte_the_prompt_the_policy_acted_on(rolled) -> None:
     _, fmt, suite, result = rolled
-    turns = 0
+    turns, truncated = 0, 0
+    unbounded = dataclasses.replace(fmt, max_prompt_tokens=10_000)
     for trajectory in result.trajectories:
         assert trajectory.status == TrajectoryStatus.COMPLETE
         wire = msgspec.msgpack.decode(msgspec.msgpack.encode(trajectory), type=type(trajectory))  # as the learner gets it
         for turn, context in zip(wire.turns, _replayed_contexts(suite, result, trajectory), strict=True):
             assert turn.prompt_ids == fmt.build(context)
             turns += 1
+            truncated += len(unbounded.build(context)) > fmt.max_prompt_tokens
     assert turns >= 20
-    assert max(len(t.prompt_ids) for tr in result.trajectories for t in tr.turns) == fmt.max_prompt_tokens  # truncation hit
+    assert truncated >= 5  # the prompt budget was binding: history / admissible list / observation cut
 
 
 def test_learner_logprobs_equal_the_sampling_logprobs_for_every_token(rolled) -> None:
