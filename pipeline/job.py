@@ -377,7 +377,7 @@ def _summary(
     cfg: RunConfig, outcome: GrpoOutcome, before: dict[str, EvalReport], after: dict[str, EvalReport], warm_start_s: float, wall_s: float,
     *, profiler_overhead_pct: float | None, generated_tokens: int | None = None,
 ) -> dict[str, Any]:
-    tally, learner = outcome.tally, outcome.learner.counters
+    tally = learner = outcome.tally  # one set of counters (pipeline.counters.PhaseCounters)
     gate_stats = outcome.gate.statistics() if outcome.gate is not None else {}
     alloc = dict(outcome.allocator.statistics())
     return {
@@ -397,7 +397,7 @@ def _summary(
         "first_stage_cut_fraction": tally.first_stage_cut / tally.first_stage_groups if tally.first_stage_groups else None,
         "gate_decisions_by_kind": {k.rsplit("/", 1)[1]: v for k, v in gate_stats.items() if k.startswith("gate/decisions/")},
         "gate_groups_seen_by_kind": {k.rsplit("/", 1)[1]: v for k, v in gate_stats.items() if k.startswith("gate/groups_seen/")},
-        "cuts_late": outcome.rollout.cuts_late + tally.cancels_late,
+        "cuts_late": outcome.rollout.cuts_late,
         "groups_all_fail": tally.all_fail_complete,
         "groups_mixed": tally.groups_complete - tally.all_fail_complete - tally.all_succeed_complete,
         "groups_all_succeed": tally.all_succeed_complete,

@@ -135,6 +135,13 @@ class GroupResult(_Message):
     parent: int | None = None
 
 
+class GroupExpected(_Message):
+    """The runtime is about to send training group `group_id` to a learner in another process (the same
+    socket, so it arrives first); see `learner.stage`."""
+
+    group_id: int
+
+
 class WeightsPublished(_Message):
     """The learner published new weights; the policy loads them between batches."""
 
@@ -206,6 +213,7 @@ class WorkerReady(_Message):
 StepStream = GroupOpened | StepEvent | RolloutFailed | GroupClosed
 ControlStream = CancelGroup
 ResultStream = GroupResult
+LearnerInbox = GroupResult | GroupExpected
 LearnerStream = WeightsPublished | Metrics
 WorkerInbox = ActRequest | AbandonRequest | LoadWeights
 WorkerOutbox = ActReply | WorkerReady
@@ -221,8 +229,10 @@ __all__ = [
     "CancelGroup",
     "ControlStream",
     "GroupClosed",
+    "GroupExpected",
     "GroupOpened",
     "GroupResult",
+    "LearnerInbox",
     "LearnerStream",
     "LoadWeights",
     "Metrics",

@@ -13,6 +13,7 @@ rollout's partial reward is no label).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -74,6 +75,21 @@ class GateStage:
         if self.shadow:
             stats |= self.ledger.as_dict()
         return stats
+
+    _COUNTERS = ("decisions", "cuts", "decision_seconds", "decision_cpu_seconds", "groups_seen", "groups_by_kind",
+                 "decisions_by_kind", "_gated_closed")
+
+    def counters_state(self) -> dict[str, Any]:
+        """The counters a checkpoint keeps (plain data)."""
+        ledger = {f.name: getattr(self.ledger, f.name) for f in dataclasses.fields(self.ledger)
+                  if isinstance(getattr(self.ledger, f.name), int | float)}
+        return {k: getattr(self, k) for k in self._COUNTERS} | {"ledger": ledger}
+
+    def load_counters(self, state: Mapping[str, Any]) -> None:
+        for key in self._COUNTERS:
+            setattr(self, key, state[key])
+        for key, value in state["ledger"].items():
+            setattr(self.ledger, key, value)
 
     def finish(self) -> None:
         """Settle every pending shadow label (call once the step stream has ended)."""

@@ -10,8 +10,10 @@ from pipeline.messages import (
     AnyMessage,
     CancelGroup,
     GroupClosed,
+    GroupExpected,
     GroupOpened,
     GroupResult,
+    LearnerInbox,
     LoadWeights,
     Metrics,
     PhaseFinished,
@@ -61,6 +63,7 @@ WORKER_EXAMPLES = [
     (LoadWeights(version=2, weights=b"\x00\x01"), WorkerInbox),
     (ActReply(request_id=7, worker=1, action="look", text="look", prompt_ids=[1], token_ids=[2, 3], logprobs=[-0.1, -0.2], policy_version=2), WorkerOutbox),
     (WorkerReady(worker=1), WorkerOutbox),
+    (GroupExpected(group_id=4), LearnerInbox),
 ]
 
 
