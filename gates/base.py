@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from pipeline.messages import RolloutFailed, StepEvent
 
 if TYPE_CHECKING:
-    from .prefix import GateDecision
+    from pipeline.contracts import GateDecision
 
 
 @runtime_checkable
