@@ -193,6 +193,12 @@ class TransportSection(_Section):
     results: str = "inproc://rollcut-results"
     events: str = "inproc://rollcut-events"
     """PUB address that observers (custom stages) subscribe to."""
+    reports: str = "inproc://rollcut-reports"
+    """PULL address where stages in other processes report back (learner updates, gate statistics)."""
+    mode: str = "threads"
+    """`threads`: every stage in this process (the learner's updates in a worker thread). `processes`: the
+    gate and learner stages each in a process of their own (inproc addresses become ipc:// files in a
+    private folder; see docs/architecture.md, "Stages in other processes")."""
     hwm: int = 10000
     drain_s: float = 5.0
     """After the last update, how long custom stages get to read the event stream up to `PhaseFinished`
@@ -344,6 +350,7 @@ def _range_problems(cfg: RunConfig) -> list[str]:
         (cfg.eval.tasks >= 0, "eval.tasks must be >= 0"),
         (cfg.transport.hwm >= 1, "transport.hwm must be >= 1"),
         (cfg.transport.drain_s >= 0, "transport.drain_s must be >= 0"),
+        (cfg.transport.mode in ("threads", "processes"), f"transport.mode must be threads or processes, got {cfg.transport.mode!r}"),
         (cfg.profile.gpu_sample_hz > 0, "profile.gpu_sample_hz must be > 0"),
     ]
     return [msg for ok, msg in checks if not ok] + _remote_problems(cfg.transport)
@@ -355,7 +362,7 @@ _LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "::1")
 def _remote_problems(t: TransportSection) -> list[str]:
     """Every socket of the pipeline is bound in this process: a tcp address must be loopback unless told."""
     problems = []
-    for key in ("steps", "control", "results", "events"):
+    for key in ("steps", "control", "results", "events", "reports"):
         address: str = getattr(t, key)
         if address.startswith("tcp://") and not t.allow_remote:
             host = address[len("tcp://") :].rsplit(":", 1)[0]

@@ -26,14 +26,12 @@ import structlog
 import trio
 
 from gates.allocators import Allocator
-from learner.stage import LearnerStage
 from learner.trainer import Trainer
 from stages.envs.base import EnvSuite, Task
-from stages.gate_stage import GateStage
 from stages.policy.base import Policy
 from stages.rollout import GateIdentity, RolloutStage
 
-from . import resume
+from . import processes, resume
 from .allocation import SlotPool, StalenessPacer
 from .config import RunConfig
 from .counters import PhaseCounters
@@ -44,7 +42,6 @@ from .profiling import Profiler
 from .progress import Progress
 from .rundir import MetricsWriter
 from .runtime import (
-    AnnouncedSender,
     host_nursery,
     monitor_loop_lag,
     publish_events,
@@ -89,14 +86,12 @@ class _Wiring:
 
     phase: Phase
     rollout: RolloutStage
-    gate: GateStage | None
+    stages: processes.Stages
     heldout: PeriodicHeldout
     recorder: UpdateRecorder
     events: trio.MemorySendChannel[AnyMessage]
     events_in: trio.MemoryReceiveChannel[AnyMessage]
     training: trio.MemoryReceiveChannel[GroupResult]
-    learner: LearnerStage
-    reports: trio.MemoryReceiveChannel[Any]
 
 
 async def run_grpo(
@@ -112,8 +107,7 @@ async def run_grpo(
     counted, the checkpoint is the last update boundary. `evaluate(version, weights)` measures held-out
     success every `eval.every` updates (and `run.target_heldout` may end the phase).
     """
-    t = cfg.transport
-    async with open_context() as zmq:
+    async with open_context() as zmq, processes.addresses(cfg) as t:
         w = _build(cfg, suite, policy, tasks, allocator, trainer, profiler, metrics, progress, checkpointer, restore,
                    evaluate, zmq.dropped_frames)
         phase, ctx = w.phase, StageContext(zmq=zmq, addresses=t, run_dir=run_dir, profiler=profiler)
@@ -126,12 +120,13 @@ async def run_grpo(
             nursery.start_soon(set_on, w.heldout.target_reached, phase.done)
             async with trio.open_nursery() as work:  # everything that trains: cancelled at the last update
                 await work.start(policy.serve)
-                await work.start(w.learner.run, ctx)
-                if w.gate is not None:
-                    await work.start(w.gate.run, ctx)
+                await work.start(w.stages.run_learner, ctx)
+                if w.stages.gate is not None:
+                    await work.start(w.stages.run_gate, ctx)
+                w.rollout.gate = _identity(w.stages)
                 await work.start(w.rollout.run, ctx)
                 await work.start(send_all, zmq, t.results, t.hwm, w.training)
-                await work.start(w.recorder.consume, w.reports, evals)
+                await work.start(w.recorder.consume, w.stages.reports, evals)
                 await work.start(phase.lifecycle.run, w.rollout)
                 if stop is not None:
                     work.start_soon(set_on, stop, phase.done)
@@ -142,8 +137,8 @@ async def run_grpo(
             await _finish(w, outcome.stop_reason, observers_done)
             nursery.cancel_scope.cancel("GRPO phase finished")
     phase.lifecycle.finish()
-    if w.gate is not None:
-        w.gate.finish()
+    if w.stages.gate is not None:
+        w.stages.gate.finish()
     outcome.dropped_frames = resume.add_counts(phase.counters.resumed_dropped_frames, zmq.dropped_frames())
     return outcome
 
@@ -155,24 +150,21 @@ def _build(
 ) -> _Wiring:
     counters, slots = PhaseCounters(), SlotPool(cfg.rollout.slots)
     pacer = StalenessPacer(cfg.learner.batch_groups, cfg.learner.max_staleness)
-    gate = GateStage(gate=cfg.gate.name, k=cfg.gate.k, tau=cfg.gate.tau, checkpoints=cfg.gate.checkpoints,
-                     shadow=cfg.gate.shadow, options=cfg.gate.options) if cfg.gate.enabled else None
+    stages = processes.Stages(cfg, trainer, capture_state=checkpointer is not None)
     events, events_in = trio.open_memory_channel[AnyMessage](1024)
     training_out, training = trio.open_memory_channel[GroupResult](4 * cfg.learner.batch_groups)
-    reports_out, reports = trio.open_memory_channel[Any](8)
-    learner = LearnerStage(trainer, cfg.learner, reports=reports_out, capture_state=checkpointer is not None)
     lifecycle = GroupLifecycle(allocator, slots, pacer, counters, group_size=cfg.rollout.group_size,
-                               training=AnnouncedSender(learner.expect, training_out), events=events.clone())
+                               training=stages.training_sink(training_out), events=events.clone())
     rollout = RolloutStage(
         suite, policy, tasks, profiler=profiler, step_timeout_s=cfg.rollout.step_timeout_s,
         max_error_rate=cfg.rollout.max_error_rate, min_trajectories=cfg.rollout.min_trajectories_for_error_rate,
         on_trajectory_end=lifecycle.trajectory_finished, events=events.clone(),
-        gate=GateIdentity(gate.gate.name, gate.shadow) if gate is not None else None,
     )
-    phase = Phase(cfg, counters, slots, pacer, lifecycle, rollout, allocator, policy, gate, dropped_frames)
+    phase = Phase(cfg, counters, slots, pacer, lifecycle, rollout, allocator, policy, stages.gate, dropped_frames)
     if restore is not None:
-        phase.version = learner.version = resume.restore_counters(
-            restore, counters=counters, admission=lifecycle.admission, rollout=rollout, gate=gate)
+        phase.version = stages.version = resume.restore_counters(
+            restore, counters=counters, admission=lifecycle.admission, rollout=rollout, gate=stages.local_gate)
+        stages.restore_remote_gate(restore.get("gate"))
     if phase.version >= cfg.run.updates:
         phase.done.set()  # resumed after the last update: nothing left to train
     heldout = PeriodicHeldout(evaluate, cfg.eval.every, cfg.run.updates, metrics, progress,
@@ -183,7 +175,13 @@ def _build(
     if attach is not None:
         attach(profiler)
     phase.started = counters.window_started = trio.current_time()
-    return _Wiring(phase, rollout, gate, heldout, recorder, events, events_in, training, learner, reports)
+    return _Wiring(phase, rollout, stages, heldout, recorder, events, events_in, training)
+
+
+def _identity(stages: processes.Stages) -> GateIdentity | None:
+    """Whose cut decisions the rollout stage accepts (a gate in another process said so when ready)."""
+    identity = stages.gate_identity()
+    return GateIdentity(*identity) if identity is not None else None
 
 
 async def _until_done(w: _Wiring, stop: trio.Event | None) -> GrpoOutcome:

@@ -72,6 +72,8 @@ class UpdateRecorder:
         async with reports:
             task_status.started()
             async for message in reports:
+                if phase.done.is_set():
+                    continue  # the phase ended: an update the learner finished after the last one is not counted
                 if isinstance(message, GroupsConsumed):
                     phase.counters.learner_dropped(message)
                     phase.lifecycle.learner_dropped()
