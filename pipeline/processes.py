@@ -31,6 +31,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import msgspec
@@ -98,7 +99,7 @@ class RemoteGate:
         self._counters: dict[str, Any] | None = None
 
     def statistics(self) -> Mapping[str, float | None]:
-        return self._statistics
+        return MappingProxyType(self._statistics)  # read-only: the record of one report
 
     def counters_state(self) -> dict[str, Any] | None:
         return self._counters
