@@ -210,7 +210,7 @@ async def _supervise(name: str, args: tuple[Any, ...], ready: trio.Event, *, tas
     (SIGTERM, SIGKILL after 5 s) and waits for it; a child that exits on its own fails the run."""
     with tempfile.TemporaryDirectory(prefix=f"rollcut-{name}-") as folder:  # 0700: the arguments stay private
         path = Path(folder) / "args.pkl"
-        path.write_bytes(pickle.dumps(args))
+        path.write_bytes(pickle.dumps((sys.path, pickle.dumps(args))))  # the child imports what this process can
         command = [sys.executable, "-m", "pipeline.processes", name, str(path)]
         env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         async with trio.open_nursery() as nursery:
@@ -220,7 +220,7 @@ async def _supervise(name: str, args: tuple[Any, ...], ready: trio.Event, *, tas
 
 
 async def _run_child(name: str, command: list[str], env: dict[str, str]) -> None:
-    process = await trio.run_process(command, check=False, cwd=ROOT, env=env)
+    process = await trio.run_process(command, check=False, env=env)
     raise StageFailed(name, f"its process exited with code {process.returncode} (its stderr is above)")
 
 
@@ -267,7 +267,8 @@ async def _serve_learner(cfg: RunConfig, t: TransportSection, run_dir: str, stat
     torch.set_num_threads(cfg.learner.torch_threads)
     suite = ENVS.get(cfg.env.name)(max_steps=cfg.env.max_steps, **cfg.env.options)
     no_warm = msgspec.structs.replace(cfg.pretrain, enabled=False)
-    model = POLICIES.get(cfg.policy.backend)(cfg.policy, no_warm, suite, seed=cfg.run.seed).trainable()
+    one = msgspec.structs.replace(cfg.policy, workers=1)  # only its trainable model is used here
+    model = POLICIES.get(cfg.policy.backend)(one, no_warm, suite, seed=cfg.run.seed).trainable()
     model.load_state_dict(state["model"])  # before the Trainer: its KL reference copies these weights
     trainer = Trainer(model, cfg.learner, LOSSES.get(cfg.learner.loss), temperature=cfg.policy.temperature,
                       top_p=cfg.policy.top_p, seed=cfg.run.seed)
@@ -309,7 +310,9 @@ def main() -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
     stage, path = sys.argv[1], Path(sys.argv[2])
-    args = pickle.loads(path.read_bytes())
+    sys_path, blob = pickle.loads(path.read_bytes())
+    sys.path[:] = [*sys_path, *(p for p in sys.path if p not in sys_path)]  # plugins named `module:Class` import here too
+    args = pickle.loads(blob)
     configure_logging(None)
     trio.run(_SERVE[stage], *args)
 

@@ -98,3 +98,42 @@ def test_ctrl_c_stops_every_stage_process_and_the_run_resumes(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["learner_updates"] == 4 and summary["stop_reason"] == "updates"
     assert [r["iteration"] for r in _metrics(run_dir)] == [1, 2, 3, 4]
+
+
+def _stage_named(pids: list[int], stage: bytes) -> int:
+    (pid,) = [p for p in pids if stage in Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")]
+    return pid
+
+
+@pytest.mark.slow
+def test_a_stage_process_that_dies_stops_the_run_naming_it(tmp_path):
+    proc, _ = _start(tmp_path, "killed", "run.updates=50", "run.max_wall_s=200")
+    try:
+        _wait_for(lambda: len(_stage_processes(proc.pid)) == 2, proc, 180)
+        children = _stage_processes(proc.pid)
+        os.kill(_stage_named(children, b"learner"), signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, stderr
+    assert "stage 'learner': its process exited with code -9" in stderr, stderr
+    assert _alive(children) == []
+
+
+@pytest.mark.slow
+def test_stage_processes_exit_when_the_run_process_dies(tmp_path):
+    proc, _ = _start(tmp_path, "orphaned", "run.updates=50", "run.max_wall_s=200")
+    try:
+        _wait_for(lambda: len(_stage_processes(proc.pid)) == 2, proc, 180)
+        children = _stage_processes(proc.pid)
+        assert len(children) == 2
+        proc.kill()  # no cleanup runs in the parent: the children notice on their own
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while _alive(children) and time.monotonic() < deadline:
+            time.sleep(0.1)  # other processes: no event to wait on
+        assert _alive(children) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
