@@ -15,7 +15,7 @@ import msgspec
 from pipeline.messages import RolloutFailed, StepEvent
 
 if TYPE_CHECKING:
-    from .prefix import GateDecision
+    from pipeline.contracts import GateDecision
 
 
 Checkpoint = Annotated[int, msgspec.Meta(ge=1)]

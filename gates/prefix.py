@@ -25,6 +25,7 @@ from math import comb
 import msgspec
 from rapidfuzz.distance import Levenshtein
 
+from pipeline.contracts import GateDecision as GateDecision  # re-exported: the contract lives in pipeline/
 from pipeline.messages import RolloutFailed, StepEvent
 from pipeline.outcomes import is_zero_variance
 
@@ -73,14 +74,6 @@ def mean_prefix_edit_distance(actions_per_rollout: Sequence[Sequence[str]], k: i
     for (a, na), (b, nb) in combinations(counts.items(), 2):
         total += na * nb * Levenshtein.distance(a, b)
     return total / (comb(g, 2) * k)
-
-
-@dataclass(frozen=True, slots=True)
-class GateDecision:
-    cut: bool
-    value: float
-    checkpoint: int
-    reason: str
 
 
 def decide(actions_per_rollout: Sequence[Sequence[str]], k: int, tau: float) -> GateDecision:

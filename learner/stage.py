@@ -1,9 +1,16 @@
-"""The learner stage: training groups in over ZMQ, GRPO updates in a worker thread, weights out.
+"""The learner stage: training groups in over ZMQ, GRPO updates in a worker thread, reports out.
 
-A receiver task pulls `GroupResult`s from the results socket into a bounded channel; the training task
-filters them (cut groups are refused and counted — they must never get here; zero-variance groups are
-dropped by default), gathers batches of B groups, runs `Trainer.update` in a worker thread (the Trio loop
-never blocks on torch) and hands the new weights to the policy with a version number.
+Message-driven both ways. In: `GroupResult`s from the results socket (a receiver task pulls them into a
+bounded channel, dropping what the runtime did not announce and malformed groups). Out: a `LearnerReport`
+per update (the new weights, the update's statistics and, for checkpoints, the trainer's state at the
+update boundary) and a `GroupsConsumed` per group dropped without training (cut groups are refused and
+counted: they must never get here; zero-variance groups are dropped by default), sent to `reports` — a
+bounded Trio channel that one runtime task consumes, or a socket when the learner runs in its own process
+(`pipeline.processes`). The learner never calls into the runtime.
+
+Announcements: the runtime announces each training group it sends. In-process it calls `expect(group_id)`
+before sending; across processes (`announced_on_socket=True`) a `GroupExpected` frame precedes the group on
+the same socket, so ordering holds without a second channel.
 
 Cancellation: `trio.to_thread.run_sync` does not abandon the thread, so a shutdown waits for the current
 update (a few seconds at most on the default model) and loses no weights half-written.
@@ -11,15 +18,14 @@ update (a few seconds at most on the default model) and loses no weights half-wr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 import trio
 
 from pipeline.config import LearnerSection
-from pipeline.messages import GroupResult, ResultStream
+from pipeline.counters import GroupsConsumed, LearnerReport
+from pipeline.messages import GroupExpected, GroupResult, LearnerInbox
 from pipeline.outcomes import is_zero_variance, label_rewards
 from pipeline.stage import StageContext
 
@@ -29,54 +35,33 @@ from .validation import group_problem
 log = structlog.get_logger(__name__)
 
 
-@dataclass
-class LearnerReport:
-    """What happened in one update (the runtime turns it into a metrics.jsonl line)."""
-
-    version: int
-    groups: list[GroupResult]
-    stats: Mapping[str, float]
-    dropped_since_last: int
-    train_seconds: float
-
-
-@dataclass
-class LearnerCounters:
-    groups_received: int = 0
-    groups_trained: int = 0
-    groups_dropped_zero_variance: int = 0
-    cut_groups_refused: int = 0
-    updates: int = 0
+class ReportSink(Protocol):
+    async def send(self, message: LearnerReport | GroupsConsumed, /) -> None: ...
 
 
 class LearnerStage:
     name = "learner"
 
     def __init__(
-        self,
-        trainer: Trainer,
-        cfg: LearnerSection,
-        *,
-        publish: Callable[[int, dict[str, Any]], None],
-        on_consumed: Callable[[int], None],
-        on_update: Callable[[LearnerReport], Any],
+        self, trainer: Trainer, cfg: LearnerSection, *, reports: ReportSink, version: int = 0,
+        capture_state: bool = True, announced_on_socket: bool = False,
     ) -> None:
         """
         Args:
-            publish: `(version, state)` -> load the weights into the policy (between its batches).
-            on_consumed: `n` training groups were used up (trained or dropped): frees staleness budget.
-            on_update: called (and awaited if it returns an awaitable) after every published update.
+            reports: where `LearnerReport`s and `GroupsConsumed` go (bounded: a slow runtime slows the learner).
+            version: the policy version the trainer's weights are (a resumed run's last update).
+            capture_state: put `Trainer.state_dict()` in each report (taken in the update's thread).
+            announced_on_socket: accept `GroupExpected` frames from the results socket (see the module doc).
         """
         self.trainer = trainer
         self.cfg = cfg
-        self.publish = publish
-        self.on_consumed = on_consumed
-        self.on_update = on_update
-        self.version = 0
-        self.counters = LearnerCounters()
+        self.reports = reports
+        self.version = version
+        self.capture_state = capture_state
+        self.announced_on_socket = announced_on_socket
         self._limiter = trio.CapacityLimiter(1)
         self._expected: set[int] = set()
-        """Training groups the runtime announced and the socket has not delivered yet (bounded by staleness)."""
+        """Training groups announced and not delivered yet (bounded by the staleness bound)."""
 
     def expect(self, group_id: int) -> None:
         """The runtime is about to send training group `group_id`: accept it once."""
@@ -84,7 +69,7 @@ class LearnerStage:
 
     async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         results = ctx.zmq.socket(
-            "pull", ctx.addresses.results, bind=True, receives=ResultStream, hwm=ctx.addresses.hwm, name="results"
+            "pull", ctx.addresses.results, bind=True, receives=LearnerInbox, hwm=ctx.addresses.hwm, name="results"
         )
         send, receive = trio.open_memory_channel[GroupResult](4 * self.cfg.batch_groups)
         async with results, trio.open_nursery() as nursery:
@@ -94,55 +79,52 @@ class LearnerStage:
 
     async def _receive(self, results: Any, send: trio.MemorySendChannel[GroupResult]) -> None:
         async with send:
-            async for group in results:
-                reason = "unknown_group" if group.group_id not in self._expected else group_problem(group)
-                if reason is not None:
-                    results.drop(reason, f"group {group.group_id}")
+            async for message in results:
+                if isinstance(message, GroupExpected):
+                    if self.announced_on_socket:
+                        self.expect(message.group_id)
+                    else:
+                        results.drop("unknown_group", f"announcement of group {message.group_id}")
                     continue
-                self._expected.discard(group.group_id)
-                await send.send(group)
+                reason = "unknown_group" if message.group_id not in self._expected else group_problem(message)
+                if reason is not None:
+                    results.drop(reason, f"group {message.group_id}")
+                    continue
+                self._expected.discard(message.group_id)
+                await send.send(message)
 
-    def _accept(self, group: GroupResult) -> bool:
-        self.counters.groups_received += 1
+    def _refusal(self, group: GroupResult) -> GroupsConsumed | None:
         if group.cut:
-            self.counters.cut_groups_refused += 1
             log.error("learner.cut_group_refused", group_id=group.group_id)
-            return False
+            return GroupsConsumed(cut=True)
         if self.cfg.drop_zero_variance and is_zero_variance(label_rewards(group)):
-            self.counters.groups_dropped_zero_variance += 1
-            return False
-        return True
+            return GroupsConsumed(zero_variance=True)
+        return None
 
     async def _train(self, receive: trio.MemoryReceiveChannel[GroupResult], ctx: StageContext) -> None:
         batch: list[GroupResult] = []
-        dropped = 0
         async with receive:
             async for group in receive:
-                if not self._accept(group):
-                    dropped += 1
-                    self.on_consumed(1)
+                if (dropped := self._refusal(group)) is not None:
+                    await self.reports.send(dropped)
                     continue
                 batch.append(group)
                 if len(batch) < self.cfg.batch_groups:
                     continue
                 started = trio.current_time()
                 with ctx.profiler.span("learner", "train_step"):
-                    state, stats = await trio.to_thread.run_sync(
+                    weights, stats, state = await trio.to_thread.run_sync(
                         self._update, batch, self.version, ctx.profiler, limiter=self._limiter
                     )
                 self.version += 1
-                with ctx.profiler.span("learner", "weight_publish"):
-                    self.publish(self.version, state)
-                self.counters.updates += 1
-                self.counters.groups_trained += len(batch)
-                report = LearnerReport(self.version, batch, stats, dropped, trio.current_time() - started)
-                self.on_consumed(len(batch))
-                batch, dropped = [], 0
-                maybe_awaitable = self.on_update(report)
-                if maybe_awaitable is not None:
-                    await maybe_awaitable
+                await self.reports.send(LearnerReport(
+                    version=self.version, stats=stats, train_seconds=trio.current_time() - started, weights=weights,
+                    trainer_state=state, groups_trained=len(batch),
+                ))
+                batch = []
 
-    def _update(self, batch: list[GroupResult], version: int, profiler: Any) -> tuple[dict[str, Any], dict[str, float]]:
+    def _update(self, batch: list[GroupResult], version: int, profiler: Any) -> tuple[dict[str, Any], dict[str, float], Any]:
         """Runs in the worker thread: its CPU time is attributed to the learner stage."""
         with profiler.bind_thread("learner"):
-            return self.trainer.update(batch, version=version)
+            weights, stats = self.trainer.update(batch, version=version)
+            return weights, stats, self.trainer.state_dict() if self.capture_state else None

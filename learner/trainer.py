@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 from pipeline.config import LearnerSection
+from pipeline.contracts import TrainableModel
 from pipeline.messages import GroupResult, TrajectoryStatus
-from stages.policy.base import TrainableModel
 
 from .advantages import group_advantages
 

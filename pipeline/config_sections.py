@@ -283,6 +283,12 @@ class TransportSection(_Section):
     results: str = "inproc://rollcut-results"
     events: str = "inproc://rollcut-events"
     """PUB address that observers (custom stages) subscribe to."""
+    reports: str = "inproc://rollcut-reports"
+    """PULL address where stages in other processes report back (learner updates, gate statistics)."""
+    mode: str = "threads"
+    """`threads`: every stage in this process (the learner's updates in a worker thread). `processes`: the
+    gate and learner stages each in a process of their own (inproc addresses become ipc:// files in a
+    private folder; see docs/architecture.md, "Stages in other processes")."""
     hwm: int = 10000
     drain_s: float = 5.0
     """After the last update, how long custom stages get to read the event stream up to `PhaseFinished`
@@ -293,13 +299,15 @@ class TransportSection(_Section):
 
     def problems(self) -> list[str]:
         return _failed(
-            (self.hwm >= 1, "transport.hwm must be >= 1"), (self.drain_s >= 0, "transport.drain_s must be >= 0")
+            (self.hwm >= 1, "transport.hwm must be >= 1"),
+            (self.drain_s >= 0, "transport.drain_s must be >= 0"),
+            (self.mode in ("threads", "processes"), f"transport.mode must be threads or processes, got {self.mode!r}"),
         ) + self._remote_problems()
 
     def _remote_problems(self) -> list[str]:
         """Every socket of the pipeline is bound in this process: a tcp address must be loopback unless told."""
         problems = []
-        for key in ("steps", "control", "results", "events"):
+        for key in ("steps", "control", "results", "events", "reports"):
             address: str = getattr(self, key)
             if address.startswith("tcp://") and not self.allow_remote:
                 host = address[len("tcp://") :].rsplit(":", 1)[0]

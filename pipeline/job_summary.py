@@ -78,7 +78,7 @@ def gate_label(cfg: RunConfig, outcome: GrpoOutcome) -> str:
 
 def _group_figures(cfg: RunConfig, outcome: GrpoOutcome, gate_stats: dict[str, Any]) -> dict[str, Any]:
     """What happened to the groups: admitted, cut, trained, by outcome and by kind."""
-    tally, learner = outcome.tally, outcome.learner.counters
+    tally = learner = outcome.tally  # one set of counters (pipeline.counters.PhaseCounters)
     return {
         "seed": cfg.run.seed,
         "gate": gate_label(cfg, outcome),
@@ -96,7 +96,7 @@ def _group_figures(cfg: RunConfig, outcome: GrpoOutcome, gate_stats: dict[str, A
         "first_stage_cut_fraction": tally.first_stage_cut / tally.first_stage_groups if tally.first_stage_groups else None,
         "gate_decisions_by_kind": {k.rsplit("/", 1)[1]: v for k, v in gate_stats.items() if k.startswith("gate/decisions/")},
         "gate_groups_seen_by_kind": {k.rsplit("/", 1)[1]: v for k, v in gate_stats.items() if k.startswith("gate/groups_seen/")},
-        "cuts_late": outcome.rollout.cuts_late + tally.cancels_late,
+        "cuts_late": outcome.rollout.cuts_late,
         "groups_all_fail": tally.all_fail_complete,
         "groups_mixed": tally.groups_complete - tally.all_fail_complete - tally.all_succeed_complete,
         "groups_all_succeed": tally.all_succeed_complete,
@@ -107,7 +107,7 @@ def _throughput_figures(
     outcome: GrpoOutcome, gate_stats: dict[str, Any], alloc: dict[str, Any], generated_tokens: int | None
 ) -> dict[str, Any]:
     """The gate's quality and cost, occupancy, staleness, env steps and tokens."""
-    tally, learner = outcome.tally, outcome.learner.counters
+    tally = learner = outcome.tally  # one set of counters (pipeline.counters.PhaseCounters)
     return {
         "gate_precision": gate_stats.get("gate/precision"),
         "gate_recall": gate_stats.get("gate/recall"),

@@ -10,11 +10,14 @@ Unions per stream:
 * `ControlStream` gate stage -> rollout stage: cut decisions.
 * `ResultStream`  rollout stage -> learner stage and observers: finished groups.
 * `LearnerStream` learner -> allocator / observers: weight versions and learner metrics.
+* `LearnerInbox`  runtime -> learner stage (results socket): training groups, announced first across processes.
+* `ReportStream`  stages in other processes -> runtime (reports socket): ready, learner updates, gate statistics.
 """
 
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 import msgspec
 
@@ -138,6 +141,13 @@ class GroupResult(_Message):
     parent: int | None = None
 
 
+class GroupExpected(_Message):
+    """The runtime is about to send training group `group_id` to a learner in another process (the same
+    socket, so it arrives first); see `learner.stage`."""
+
+    group_id: int
+
+
 class WeightsPublished(_Message):
     """The learner published new weights; the policy loads them between batches."""
 
@@ -151,6 +161,41 @@ class PhaseFinished(_Message):
 
     updates: int
     stop_reason: str
+
+
+class StageReady(_Message):
+    """A stage in another process is up (its sockets are open); `gate`/`shadow`: whose cuts it sends."""
+
+    stage: str
+    gate: str = ""
+    shadow: bool = False
+
+
+class LearnerUpdated(_Message):
+    """A learner in another process finished an update (`pipeline.counters.LearnerReport` on the wire)."""
+
+    version: int
+    stats: dict[str, float]
+    train_seconds: float
+    groups_trained: int
+    weights: bytes
+    """torch.save of the new policy weights."""
+    trainer_state: bytes = b""
+    """torch.save of `Trainer.state_dict()` (empty: not asked for)."""
+
+
+class LearnerDropped(_Message):
+    """A learner in another process dropped a training group (`pipeline.counters.GroupsConsumed`)."""
+
+    zero_variance: bool = False
+    cut: bool = False
+
+
+class GateReport(_Message):
+    """A gate stage in another process: its statistics and checkpoint counters, sent as they change."""
+
+    statistics: dict[str, float | None]
+    counters: dict[str, Any]
 
 
 class Metrics(_Message):
@@ -210,6 +255,8 @@ class WorkerReady(_Message):
 StepStream = GroupOpened | StepEvent | RolloutFailed | GroupClosed
 ControlStream = CancelGroup
 ResultStream = GroupResult
+LearnerInbox = GroupResult | GroupExpected
+ReportStream = StageReady | LearnerUpdated | LearnerDropped | GateReport
 LearnerStream = WeightsPublished | Metrics
 WorkerInbox = ActRequest | AbandonRequest | LoadWeights
 WorkerOutbox = ActReply | WorkerReady
@@ -224,15 +271,22 @@ __all__ = [
     "AnyMessage",
     "CancelGroup",
     "ControlStream",
+    "GateReport",
     "GroupClosed",
+    "GroupExpected",
     "GroupOpened",
     "GroupResult",
+    "LearnerDropped",
+    "LearnerInbox",
     "LearnerStream",
+    "LearnerUpdated",
     "LoadWeights",
     "Metrics",
     "PhaseFinished",
+    "ReportStream",
     "ResultStream",
     "RolloutFailed",
+    "StageReady",
     "StepEvent",
     "StepStream",
     "Trajectory",

@@ -7,7 +7,7 @@ a learner-update boundary (the learner thread is idle then, so weights, optimize
     trainer           model weights, optimizer state, the trainer's item-sampling rng
     policy            the backend's own sampling state, if it has one (`sampling_state()`)
     allocator         `allocator.state_dict()` (groups in flight count as lost, see docs/allocators.md)
-    grpo              counters of the phase: tally, admission ids, env steps, learner and gate counters,
+    grpo              counters of the phase (`PhaseCounters`), admission ids, env steps, learner version, gate counters,
                       loop-lag histogram, GRPO wall time so far
     rng               Python's and torch's global generators
     job               what the job measured before GRPO (warm start time, held-out success before)
@@ -143,22 +143,19 @@ def _fields(obj: Any, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
 
 
 _WINDOW = frozenset({"window_rollouts", "window_successes", "window_steps_at", "window_started", "resumed_wall_s", "resumed_dropped_frames"})
-_GATE = ("decisions", "cuts", "decision_seconds", "decision_cpu_seconds", "groups_seen", "groups_by_kind",
-         "decisions_by_kind", "_gated_closed")
+_ROLLOUT = ("env_steps", "trajectories_failed", "trajectories_ended", "trajectory_seconds", "cuts_late", "first_error",
+            "cancels_received", "shadow_cancels")
 
 
-_ROLLOUT = ("env_steps", "trajectories_failed", "trajectories_ended", "trajectory_seconds", "cuts_late", "first_error")
-
-
-def capture_counters(*, tally: Any, admission: Any, rollout: Any, learner: Any, gate: Any, wall_s: float) -> dict[str, Any]:
+def capture_counters(*, counters: Any, admission: Any, rollout: Any, version: int, gate: Any, wall_s: float) -> dict[str, Any]:
     """Every counter the summary adds up, as plain data (copied: later updates do not change it)."""
     return copy.deepcopy({
-        "tally": _fields(tally, _WINDOW),
-        "loop_lag": tally.loop_lag.state_dict(),
+        "tally": _fields(counters, _WINDOW),
+        "loop_lag": counters.loop_lag.state_dict(),
         "admission": admission.state_dict(),
         "rollout": {k: getattr(rollout, k) for k in _ROLLOUT},
-        "learner": {"version": learner.version, "counters": _fields(learner.counters)},
-        "gate": None if gate is None else {k: getattr(gate, k) for k in _GATE} | {"ledger": _fields(gate.ledger)},
+        "learner": {"version": version},
+        "gate": None if gate is None else gate.counters_state(),
         "wall_s": wall_s,
     })
 
@@ -173,24 +170,23 @@ def add_counts(a: Mapping[str, Mapping[str, int]], b: Mapping[str, Mapping[str, 
     return out
 
 
-def restore_counters(state: Mapping[str, Any], *, tally: Any, admission: Any, rollout: Any, learner: Any, gate: Any) -> None:
+def restore_counters(state: Mapping[str, Any], *, counters: Any, admission: Any, rollout: Any, gate: Any) -> int:
+    """Put a checkpoint's counters back; returns the learner version it was taken at."""
     for key, value in state["tally"].items():
-        setattr(tally, key, value)
-    tally.loop_lag.load_state_dict(state["loop_lag"])
-    tally.resumed_wall_s = state["wall_s"]
-    tally.resumed_dropped_frames = state.get("dropped_frames", {})
+        setattr(counters, key, value)
+    for key, value in state["learner"].get("counters", {}).items():  # checkpoints before one set of counters
+        if key != "groups_received" or "groups_received" not in state["tally"]:
+            setattr(counters, key, value)
+    counters.loop_lag.load_state_dict(state["loop_lag"])
+    counters.resumed_wall_s = state["wall_s"]
+    counters.resumed_dropped_frames = state.get("dropped_frames", {})
     admission.load_state_dict(state["admission"])
     for key in _ROLLOUT:
         setattr(rollout, key, state["rollout"].get(key, getattr(rollout, key)))
-    tally.window_steps_at = rollout.env_steps
-    learner.version = state["learner"]["version"]
-    for key, value in state["learner"]["counters"].items():
-        setattr(learner.counters, key, value)
+    counters.window_steps_at = rollout.env_steps
     if gate is not None and state["gate"] is not None:
-        for key in _GATE:
-            setattr(gate, key, state["gate"][key])
-        for key, value in state["gate"]["ledger"].items():
-            setattr(gate.ledger, key, value)
+        gate.load_counters(state["gate"])
+    return state["learner"]["version"]
 
 
 # --------------------------------------------------------------------------------------------------

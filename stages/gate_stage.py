@@ -13,8 +13,11 @@ rollout's partial reward is no label).
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import trio
@@ -25,6 +28,47 @@ from pipeline.outcomes import FIRST_STAGE_KINDS, MergedOutcomes
 from pipeline.stage import StageContext
 
 from .step_validation import StepValidator
+
+
+@dataclass(frozen=True)
+class GateStatistics(Mapping[str, float | None]):
+    """The gate stage's figures at one moment (frozen); read as a mapping it is the flat `gate/...` metrics."""
+
+    groups_seen: int
+    decisions: int
+    cut_decisions: int
+    us_per_decision: float | None
+    """Wall time per decision (includes waiting for the GIL behind the policy and learner threads)."""
+    cpu_us_per_decision: float | None
+    open_groups: int | None
+    groups_gated: int
+    groups_seen_by_kind: Mapping[str, int]
+    decisions_by_kind: Mapping[str, int]
+    shadow: Mapping[str, float | None]
+    """Online precision/recall (`ShadowLedger.as_dict()`), in shadow mode."""
+
+    def _flat(self) -> dict[str, float | None]:
+        flat: dict[str, float | None] = {
+            "gate/groups_seen": self.groups_seen,
+            "gate/decisions": self.decisions,
+            "gate/cut_decisions": self.cut_decisions,
+            "gate/us_per_decision": self.us_per_decision,
+            "gate/cpu_us_per_decision": self.cpu_us_per_decision,
+            "gate/open_groups": self.open_groups,
+            "gate/groups_gated": self.groups_gated,
+        }
+        flat |= {f"gate/groups_seen/{kind}": n for kind, n in self.groups_seen_by_kind.items()}
+        flat |= {f"gate/decisions/{kind}": n for kind, n in self.decisions_by_kind.items()}
+        return flat | dict(self.shadow)
+
+    def __getitem__(self, key: str) -> float | None:
+        return self._flat()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._flat())
+
+    def __len__(self) -> int:
+        return len(self._flat())
 
 
 class GateStage:
@@ -58,23 +102,33 @@ class GateStage:
         self._kinds: dict[int, str] = {}
         self.validator = StepValidator()
 
-    def statistics(self) -> dict[str, float | None]:
+    def statistics(self) -> GateStatistics:
         per_decision = self.decision_seconds / self.decisions * 1e6 if self.decisions else None
         cpu_per_decision = self.decision_cpu_seconds / self.decisions * 1e6 if self.decisions else None
-        stats: dict[str, float | None] = {
-            "gate/groups_seen": self.groups_seen,
-            "gate/decisions": self.decisions,
-            "gate/cut_decisions": self.cuts,
-            "gate/us_per_decision": per_decision,
-            "gate/cpu_us_per_decision": cpu_per_decision,
-            "gate/open_groups": self.gate.open_groups if hasattr(self.gate, "open_groups") else None,
-            "gate/groups_gated": len(self._gated) + self._gated_closed,
-        }
-        stats |= {f"gate/groups_seen/{kind}": n for kind, n in sorted(self.groups_by_kind.items())}
-        stats |= {f"gate/decisions/{kind}": n for kind, n in sorted(self.decisions_by_kind.items())}
-        if self.shadow:
-            stats |= self.ledger.as_dict()
-        return stats
+        return GateStatistics(
+            groups_seen=self.groups_seen, decisions=self.decisions, cut_decisions=self.cuts,
+            us_per_decision=per_decision, cpu_us_per_decision=cpu_per_decision,
+            open_groups=self.gate.open_groups if hasattr(self.gate, "open_groups") else None,
+            groups_gated=len(self._gated) + self._gated_closed,
+            groups_seen_by_kind=MappingProxyType(dict(sorted(self.groups_by_kind.items()))),
+            decisions_by_kind=MappingProxyType(dict(sorted(self.decisions_by_kind.items()))),
+            shadow=MappingProxyType(self.ledger.as_dict() if self.shadow else {}),
+        )
+
+    _COUNTERS = ("decisions", "cuts", "decision_seconds", "decision_cpu_seconds", "groups_seen", "groups_by_kind",
+                 "decisions_by_kind", "_gated_closed")
+
+    def counters_state(self) -> dict[str, Any]:
+        """The counters a checkpoint keeps (plain data)."""
+        ledger = {f.name: getattr(self.ledger, f.name) for f in dataclasses.fields(self.ledger)
+                  if isinstance(getattr(self.ledger, f.name), int | float)}
+        return {k: getattr(self, k) for k in self._COUNTERS} | {"ledger": ledger}
+
+    def load_counters(self, state: Mapping[str, Any]) -> None:
+        for key in self._COUNTERS:
+            setattr(self, key, state[key])
+        for key, value in state["ledger"].items():
+            setattr(self.ledger, key, value)
 
     def finish(self) -> None:
         """Settle every pending shadow label (call once the step stream has ended)."""

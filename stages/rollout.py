@@ -12,6 +12,12 @@ as a stream of zero rewards.
 A group counts as cut only if the cut actually cancelled work (some member was still running): a
 `CancelGroup` that arrives after every member ended is late, and the group is reported complete.
 
+Sockets (`run`): the stage owns its steps PUSH (to the gate stage; discarded when no gate runs) and its
+control PULL. A `CancelGroup` goes gate -> socket -> `run` -> `cancel`, nothing in between: `run` drops
+(and counts on the socket) a decision that cannot be from this run's gate (`no_gate`, `unknown_gate`,
+`shadow_mismatch`, `unknown_group`), counts shadow and late ones, and forwards each applied one to the
+event stream.
+
 Cancellation: only the group's own scope is caught here; a cancel from outside (shutdown) propagates.
 """
 
@@ -19,11 +25,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 import trio
 
 from pipeline.messages import (
+    AnyMessage,
+    CancelGroup,
+    ControlStream,
     GroupClosed,
     GroupOpened,
     GroupResult,
@@ -35,7 +45,7 @@ from pipeline.messages import (
     Turn,
 )
 from pipeline.profiling import Profiler
-from pipeline.stage import StageFailed
+from pipeline.stage import StageContext, StageFailed
 from stages.envs.base import Environment, EnvSuite, StepResult, Task
 from stages.episode import Episode, EpisodeStep, play_episode
 from stages.policy.base import Policy
@@ -71,8 +81,16 @@ class _Cut:
     value: float
 
 
+@dataclass(frozen=True, slots=True)
+class GateIdentity:
+    """The gate whose cut decisions this run's rollout stage accepts."""
+
+    name: str
+    shadow: bool
+
+
 class RolloutStage:
-    """Runs groups; the caller (the runtime's admission loop) decides which and when."""
+    """Runs groups; the caller (the group lifecycle's admission) decides which and when."""
 
     name = "rollout"
 
@@ -81,19 +99,29 @@ class RolloutStage:
         suite: EnvSuite,
         policy: Policy,
         tasks: Mapping[str, Task],
-        steps_out: trio.MemorySendChannel[StepStream],
+        steps_out: trio.MemorySendChannel[StepStream] | None = None,
         *,
         profiler: Profiler,
+        gate: GateIdentity | None = None,
+        events: trio.MemorySendChannel[AnyMessage] | None = None,
         clock: Callable[[], float] = trio.current_time,
         max_error_rate: float = 1.0,
         min_trajectories: int = 50,
         on_trajectory_end: Callable[[], None] | None = None,
         step_timeout_s: float = 0.0,
     ) -> None:
+        """`steps_out`: where step messages go (None: a channel of the stage's own, which `run` forwards to
+        the steps socket). `gate`: whose decisions `run` accepts (None: no gate runs, every cut is
+        dropped). `events`: applied cuts are forwarded there (the event stream)."""
         self.suite = suite
         self.policy = policy
         self.tasks = tasks
+        self._steps_in: trio.MemoryReceiveChannel[StepStream] | None = None
+        if steps_out is None:
+            steps_out, self._steps_in = trio.open_memory_channel[StepStream](4096)
         self.steps_out = steps_out
+        self.gate = gate
+        self.events = events
         self.profiler = profiler
         self.clock = clock
         self.step_timeout_s = step_timeout_s
@@ -112,7 +140,61 @@ class RolloutStage:
         self.trajectory_seconds = 0.0
         """Seconds trajectories spent running, summed (for trajectory-level slot occupancy)."""
         self.cuts_late = 0
-        """Cut requests that found every member already ended (the group is reported complete)."""
+        """Cut requests that came too late: every member had ended, or the group had returned."""
+        self.cancels_received = 0
+        self.shadow_cancels = 0
+        self._groups_started = 0
+        """Group ids below this one were started here (ids ascend)."""
+
+    async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the control PULL and the steps PUSH until cancelled (groups run through `run_group`)."""
+        t = ctx.addresses
+        control = ctx.zmq.socket("pull", t.control, bind=True, receives=ControlStream, hwm=t.hwm, name="control")
+        async with control, trio.open_nursery() as nursery:
+            if self._steps_in is not None:
+                await nursery.start(self._send_steps, ctx)
+            task_status.started()
+            async for decision in control:
+                reason = self._control_problem(decision)
+                if reason is not None:
+                    control.drop(reason, f"cancel of group {decision.group_id} by {decision.gate!r}")
+                    continue
+                self._apply(decision)
+                if self.events is not None:
+                    await self.events.send(decision)
+
+    async def _send_steps(self, ctx: StageContext, *, task_status: Any) -> None:
+        assert self._steps_in is not None
+        async with self._steps_in as steps:
+            if self.gate is None:  # nobody listens: discard
+                task_status.started()
+                async for _ in steps:
+                    pass
+                return
+            push = ctx.zmq.socket("push", ctx.addresses.steps, bind=False, hwm=ctx.addresses.hwm)
+            async with push:
+                task_status.started()
+                async for message in steps:
+                    await push.send(message)
+
+    def _control_problem(self, decision: CancelGroup) -> str | None:
+        """Why a cut decision cannot be from this run's gate stage (None: apply it)."""
+        if self.gate is None:
+            return "no_gate"
+        if decision.gate != self.gate.name:
+            return "unknown_gate"
+        if decision.shadow != self.gate.shadow:
+            return "shadow_mismatch"
+        if not 0 <= decision.group_id < self._groups_started:
+            return "unknown_group"
+        return None
+
+    def _apply(self, decision: CancelGroup) -> None:
+        self.cancels_received += 1
+        if decision.shadow:
+            self.shadow_cancels += 1
+        elif not self.cancel(decision.group_id, decision.reason, decision.value):
+            self.cuts_late += 1  # the group had already returned
 
     @property
     def running_groups(self) -> int:
@@ -133,6 +215,7 @@ class RolloutStage:
         """Roll out `size` trajectories of `task_id`; returns when all ended or the group was cut."""
         task = self.tasks[task_id]
         started = self.clock()
+        self._groups_started = max(self._groups_started, group_id + 1)
         await self.steps_out.send(
             GroupOpened(
                 group_id=group_id, task_id=task_id, size=size, policy_version=self.policy.version,

@@ -52,7 +52,7 @@ async def test_pipeline_cuts_backfills_and_trains_on_a_tiny_budget(tmp_path):
     assert summary["cut_groups_reaching_learner"] == 0
     outcome = result.outcome
     assert outcome.tally.cut_emission_refused == 0  # the allocator never emitted a cut group (counted, not listed)
-    assert outcome.learner.counters.cut_groups_refused == 0
+    assert outcome.tally.cut_groups_refused == 0
 
     run_dir = result.run_dir
     for name in ("config.toml", "metrics.jsonl", "events.jsonl", "summary.md", "summary.json", "checkpoints/policy.pt"):
@@ -86,7 +86,7 @@ async def test_shadow_mode_cuts_nothing_and_scores_decisions(tmp_path):
     cfg = load(None, _tiny(tmp_path, 'gate.name="tests.plugin_gates:CutEvenGroups"', "gate.shadow=true", "run.updates=3"))
     result = await run_job(cfg, progress=Progress(3, enabled=False))
     assert result.summary["groups_cut"] == 0
-    assert result.outcome.tally.shadow_cancels >= 1
+    assert result.outcome.rollout.shadow_cancels >= 1
     ledger = result.outcome.gate.ledger
     assert ledger.true_positive + ledger.false_positive >= 1  # even groups were flagged and scored
     assert result.summary["gate_precision"] == ledger.precision()

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from stages.envs.base import Task
+from pipeline.contracts import Task
 
 
 def task_features(tasks: Sequence[Task]) -> np.ndarray:

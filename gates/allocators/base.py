@@ -15,19 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from pipeline.contracts import Admission as Admission  # re-exported: the contract lives in pipeline/
+from pipeline.contracts import Task
 from pipeline.messages import GroupResult
-from stages.envs.base import Task
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    task_id: str
-    size: int
-    """Rollouts to run now for this prompt (slots taken)."""
-    kind: str = "group"
-    """What this admission is for: group, pilot, commit, explore, rescue..."""
-    parent: int | None = None
-    """Group id of an earlier rollout group of the same prompt this one extends (commit, rescue)."""
 
 
 @dataclass(frozen=True, slots=True)

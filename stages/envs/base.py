@@ -11,20 +11,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from pipeline.contracts import Task as Task  # re-exported: the contract lives in the mechanism layer
+
 SPLITS = ("train", "heldout_seen", "heldout_unseen")
-
-
-@dataclass(frozen=True, slots=True)
-class Task:
-    task_id: str
-    """Stable across runs and machines (e.g. `household/train/000123`)."""
-    family: str
-    """Task family, e.g. `pick_and_place`, `clean_then_place`."""
-    description: str
-    """What the agent is told: "put a clean mug in cabinet 1"."""
-    split: str
-    features: Mapping[str, float] = field(default_factory=dict)
-    """Numeric task features allocators may use (room size, distractors, closed receptacles...)."""
 
 
 @dataclass(frozen=True, slots=True)

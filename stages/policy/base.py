@@ -7,12 +7,16 @@ of the same model through `trainable()` and sends weights back with `load_weight
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-import torch
 import trio
+
+from pipeline.contracts import (
+    CompletionScores as CompletionScores,  # re-exported: contracts live in pipeline/
+)
+from pipeline.contracts import TrainableModel as TrainableModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,44 +43,6 @@ class ActResult:
     policy_version: int
     choices: list[list[int]] = field(default_factory=list)
     """The token sequences decoding was constrained to (`stages.policy.choices`); [] = unconstrained."""
-
-
-class CompletionScores(NamedTuple):
-    """What a trainable model says about completions under the rollouts' sampling distribution."""
-
-    logprobs: torch.Tensor
-    """[N, T] log mu(token) (differentiable); 0 on padding."""
-    mask: torch.Tensor
-    """[N, T] 1.0 on real completion tokens."""
-    entropy: torch.Tensor
-    """[N, T] entropy of the sampling distribution at each completion position (detached); 0 on padding."""
-
-
-@runtime_checkable
-class TrainableModel(Protocol):
-    """What the learner trains: a torch module that scores completions."""
-
-    def parameters(self) -> Iterator[torch.nn.Parameter]: ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def train(self, mode: bool = True) -> Any: ...
-
-    def completion_logprobs(
-        self,
-        prompts: Sequence[Sequence[int]],
-        completions: Sequence[Sequence[int]],
-        *,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        choices: Sequence[Sequence[Sequence[int]]] | None = None,
-    ) -> CompletionScores:
-        """Per-token log-probs of each completion given its prompt, under the (temperature, top-p)
-        distribution the rollouts sampled from (`stages.policy.sampling.sampled_logprobs`): at unchanged
-        weights they equal the `ActResult.logprobs` recorded at sampling. T is the longest completion.
-        `choices` (per completion, `ActResult.choices`) is passed only when some decoding was constrained;
-        a backend that cannot constrain decoding never receives it."""
-        ...
 
 
 @runtime_checkable

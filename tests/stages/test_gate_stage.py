@@ -1,5 +1,8 @@
 """The gate stage over real ZMQ sockets: step events in, CancelGroup out, bad frames survived."""
 
+import dataclasses
+
+import pytest
 import trio
 
 from pipeline.config import TransportSection
@@ -90,6 +93,14 @@ def test_only_a_prompts_first_stage_group_of_two_or_more_is_gated():
     stats = stage.statistics()
     assert stats["gate/decisions/pilot"] == 1 and "gate/decisions/commit" not in stats
     assert stats["gate/groups_seen/commit"] == 1 and stats["gate/groups_gated"] == 1
+    assert stats.decisions_by_kind == {"pilot": 1} and stats.groups_gated == 1  # the same figures, as fields
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stats.decisions = 0  # a record of one moment
+    counters = stage.counters_state()
+    restored = GateStage(k=10, tau=0.12)
+    restored.load_counters(counters)
+    back = restored.statistics()  # a resumed run's counters (open groups are not carried over)
+    assert (back.decisions, back.groups_seen, back.decisions_by_kind) == (stats.decisions, stats.groups_seen, stats.decisions_by_kind)
 
 
 def test_shadow_labels_use_the_prompts_merged_group_and_leave_failed_rollouts_out():

@@ -297,3 +297,24 @@ async def test_a_hanging_step_fails_its_trajectory_at_the_step_timeout(autojump_
     assert all("TooSlowError" in t.error for t in result.trajectories)
     assert stage.trajectories_failed == 2 and all(env.closed for env in suite.envs)
     assert trio.current_time() == pytest.approx(2.0)  # failed at the deadline, not when the step returned
+
+
+async def test_the_stage_validates_cut_decisions_before_applying_them(autojump_clock):
+    from pipeline.messages import CancelGroup
+    from stages.rollout import GateIdentity
+
+    stage, _ = _stage(Suite(max_steps=30, win_at=100), SlowPolicy())
+    stage.gate = GateIdentity("prefix", shadow=False)
+    cut = CancelGroup(group_id=0, reason="converged", gate="prefix", value=0.1)
+    assert stage._control_problem(cut) == "unknown_group"  # no group started yet
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stage.run_group, 0, TASK.task_id, 2)
+        await trio.sleep(0.5)
+        assert stage._control_problem(CancelGroup(group_id=0, reason="r", gate="other", value=0.0)) == "unknown_gate"
+        assert stage._control_problem(CancelGroup(group_id=0, reason="r", gate="prefix", value=0.0, shadow=True)) == "shadow_mismatch"
+        assert stage._control_problem(cut) is None
+        stage._apply(cut)
+    stage._apply(cut)  # the group returned already: late
+    assert stage.cancels_received == 2 and stage.cuts_late == 1
+    stage.gate = None
+    assert stage._control_problem(cut) == "no_gate"

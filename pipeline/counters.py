@@ -1,0 +1,134 @@
+"""The GRPO phase's one set of counters, and the messages the learner stage reports with.
+
+`PhaseCounters` is written in one place each: the group lifecycle counts finished groups
+(`group_finished`) and settled prompts (`prompt_settled`), the runtime's report consumer counts learner
+updates (`learner_updated`, from the learner's `LearnerReport`s, wherever the learner runs), the held-out
+measure its rows. Admission ids and backfills are the admission loop's; env steps and cuts the rollout
+stage's; gate decisions the gate stage's. Nothing here grows with the run except `evaluations` (one row per
+`eval.every` updates); loop lag is a constant-memory histogram.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .histogram import LogHistogram
+from .messages import GroupResult
+from .outcomes import FIRST_STAGE_KINDS, is_zero_variance, label_rewards
+
+
+@dataclass(frozen=True)
+class GroupsConsumed:
+    """The learner dropped a training group without training on it: frees its staleness budget."""
+
+    zero_variance: bool = False
+    cut: bool = False
+    """Why: a zero-variance group (dropped by `learner.drop_zero_variance`) or a cut one (refused)."""
+
+
+@dataclass(frozen=True)
+class LearnerReport:
+    """One learner update, as the learner stage reports it (in-process, or decoded from the wire)."""
+
+    version: int
+    stats: Mapping[str, float]
+    train_seconds: float
+    weights: Mapping[str, Any]
+    """The new policy weights (a detached copy)."""
+    trainer_state: Mapping[str, Any] | None
+    """`Trainer.state_dict()` at this update boundary (for checkpoints), or None when not asked for."""
+    groups_trained: int
+    """Groups trained on by this update (they are consumed too)."""
+
+
+@dataclass
+class PhaseCounters:
+    """Running counts of the phase (summary.json, metrics.jsonl rows and checkpoints are built from it)."""
+
+    groups_finished: int = 0
+    groups_cut: int = 0
+    groups_complete: int = 0
+    zero_variance_complete: int = 0
+    all_fail_complete: int = 0
+    all_succeed_complete: int = 0
+    cut_emission_refused: int = 0
+    """Cut groups an allocator handed back for training (refused before the learner)."""
+    rollouts_finished: int = 0
+    successes: int = 0
+    first_stage_groups: int = 0
+    first_stage_cut: int = 0
+    merged_full_size: int = 0
+    """Prompts whose merged group (all its rollout groups) has >= G complete trajectories."""
+    merged_zero_variance: int = 0
+    groups_received: int = 0
+    groups_trained: int = 0
+    groups_dropped_zero_variance: int = 0
+    cut_groups_refused: int = 0
+    """Cut groups that reached the learner (refused there)."""
+    updates: int = 0
+    staleness_lag_max: float = 0.0
+    items_dropped_stale: int = 0
+    items_trained: int = 0
+    lag_sum: float = 0.0
+    eval_s: float = 0.0
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+    loop_lag: LogHistogram = field(default_factory=LogHistogram)
+    """Loop-lag samples (seconds) in constant memory."""
+    resumed_wall_s: float = 0.0
+    """GRPO wall time of the run's earlier segments (before a resume)."""
+    resumed_dropped_frames: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Frames dropped in the run's earlier segments, by socket and reason."""
+    window_rollouts: int = 0
+    window_successes: int = 0
+    window_steps_at: int = 0
+    window_started: float = 0.0
+
+    def group_finished(self, result: GroupResult) -> None:
+        self.groups_finished += 1
+        if result.kind in FIRST_STAGE_KINDS:
+            self.first_stage_groups += 1
+            self.first_stage_cut += result.cut
+        if result.cut:
+            self.groups_cut += 1
+            return
+        rewards = label_rewards(result)
+        self.groups_complete += 1
+        self.zero_variance_complete += is_zero_variance(rewards)
+        wins = sum(tr.success for tr in result.trajectories)
+        self.all_fail_complete += wins == 0
+        self.all_succeed_complete += wins == len(rewards)
+        self.rollouts_finished += len(rewards)
+        self.successes += wins
+        self.window_rollouts += len(rewards)
+        self.window_successes += wins
+
+    def prompt_settled(self, rewards: list[float], group_size: int) -> None:
+        """A prompt's merged group settled: count it if it has a full group of complete trajectories."""
+        if len(rewards) >= group_size:
+            self.merged_full_size += 1
+            self.merged_zero_variance += is_zero_variance(rewards)
+
+    def learner_updated(self, report: LearnerReport) -> None:
+        self.updates += 1
+        self.groups_trained += report.groups_trained
+        self.groups_received += report.groups_trained
+        stats = report.stats
+        self.staleness_lag_max = max(self.staleness_lag_max, stats.get("staleness_lag_max", 0.0))
+        items = stats.get("learner/items", 0.0)
+        self.items_trained += int(items)
+        self.lag_sum += stats.get("staleness_lag_mean", 0.0) * items
+        self.items_dropped_stale += int(stats.get("learner/items_dropped_stale", 0.0))
+
+    def learner_dropped(self, dropped: GroupsConsumed) -> None:
+        self.groups_received += 1
+        self.groups_dropped_zero_variance += dropped.zero_variance
+        self.cut_groups_refused += dropped.cut
+
+    def heldout_measured(self, row: dict[str, Any], seconds: float) -> None:
+        self.evaluations.append(row)
+        self.eval_s += seconds
+
+    def loop_lag_p99_ms(self) -> float:
+        return self.loop_lag.quantile(0.99) * 1e3

@@ -1,0 +1,321 @@
+"""Where the gate and learner stages run: in this process (`transport.mode = "threads"`, the default) or
+each in a spawned process of its own (`"processes"`). Either way the same stage code runs; only its
+wiring differs, and the sockets are the ones named in `[transport]` (inproc addresses become `ipc://`
+files in a private folder across processes; tcp addresses work as they are).
+
+Across processes:
+
+* the learner process builds the trainer from the config and the parent's trainer state (warm start or
+  checkpoint), binds the results PULL, and sends `LearnerUpdated` (weights and, for checkpoints, the
+  trainer state, as torch.save bytes) and `LearnerDropped` to the parent's reports PULL; the runtime loads
+  the weights into the policy (which forwards them to its decoding workers). The runtime announces each
+  training group with `GroupExpected` on the results socket, just before the group.
+* the gate process runs the gate stage (steps PULL, control PUSH) and sends a `GateReport` (statistics and
+  checkpoint counters) at most every `REPORT_EVERY_S`; the summary and metrics show the last one.
+* each sends `StageReady` once its sockets are open; the parent waits for it before it admits groups.
+* a child watches its parent and exits when the parent dies; the parent terminates its children when the
+  phase ends, on Ctrl-C and on failure (SIGTERM, then SIGKILL after 5 s), and a child that
+  exits on its own stops the run with `StageFailed` naming it.
+
+This module is a composition root (it builds stages): the mechanism modules of `pipeline/` do not import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pickle
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import msgspec
+import torch
+import trio
+
+from learner.losses import LOSSES
+from learner.stage import LearnerStage
+from learner.trainer import Trainer
+from stages.envs import ENVS
+from stages.gate_stage import GateStage
+from stages.policy import POLICIES
+
+from .config import RunConfig, TransportSection
+from .counters import GroupsConsumed, LearnerReport
+from .messages import (
+    GateReport,
+    GroupExpected,
+    GroupResult,
+    LearnerDropped,
+    LearnerUpdated,
+    ReportStream,
+    StageReady,
+)
+from .profiling import Profiler
+from .runtime import AnnouncedSender
+from .stage import StageContext, StageFailed
+from .transport import Context, open_context
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORT_EVERY_S = 0.5
+_ADDRESSES = ("steps", "control", "results", "events", "reports")
+
+
+@contextlib.asynccontextmanager
+async def addresses(cfg: RunConfig) -> AsyncIterator[TransportSection]:
+    """The phase's addresses: as configured, or (processes mode) inproc ones as ipc files in a private folder."""
+    t = cfg.transport
+    if t.mode != "processes" or not any(getattr(t, k).startswith("inproc://") for k in _ADDRESSES):
+        yield t
+        return
+    with tempfile.TemporaryDirectory(prefix="rollcut-") as folder:  # mode 0700: only this user reaches the files
+        moved = {k: f"ipc://{folder}/{k}" for k in _ADDRESSES if getattr(t, k).startswith("inproc://")}
+        yield msgspec.structs.replace(t, **moved)
+
+
+def _to_bytes(state: Mapping[str, Any] | None) -> bytes:
+    if state is None:
+        return b""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def _from_bytes(blob: bytes) -> Any:
+    return torch.load(io.BytesIO(blob), weights_only=False) if blob else None  # our own child's frames
+
+
+class RemoteGate:
+    """The gate stage of another process as the runtime reads it: its last `GateReport`."""
+
+    def __init__(self) -> None:
+        self.name, self.shadow = "", False
+        self._statistics: dict[str, float | None] = {}
+        self._counters: dict[str, Any] | None = None
+
+    def statistics(self) -> Mapping[str, float | None]:
+        return MappingProxyType(self._statistics)  # read-only: the record of one report
+
+    def counters_state(self) -> dict[str, Any] | None:
+        return self._counters
+
+    def finish(self) -> None:
+        """Pending shadow labels are settled in the gate's process (nothing to do here)."""
+
+
+class Stages:
+    """The gate and learner stages of one phase, and how the runtime talks to them."""
+
+    def __init__(self, cfg: RunConfig, trainer: Trainer, *, capture_state: bool) -> None:
+        self.cfg = cfg
+        self.remote = cfg.transport.mode == "processes"
+        self.version = 0
+        """The learner's version when the phase starts (a resumed run's last update)."""
+        self.gate_counters: Mapping[str, Any] | None = None
+        """A resumed run's gate counters (handed to a gate in another process)."""
+        self._trainer, self._capture_state = trainer, capture_state
+        self._reports_out, self.reports = trio.open_memory_channel[Any](8)
+        self._ready: dict[str, trio.Event] = {"gate": trio.Event(), "learner": trio.Event()}
+        self.gate: GateStage | RemoteGate | None = None
+        if cfg.gate.enabled:
+            self.gate = RemoteGate() if self.remote else GateStage(
+                gate=cfg.gate.name, k=cfg.gate.k, tau=cfg.gate.tau, checkpoints=cfg.gate.checkpoints,
+                shadow=cfg.gate.shadow, options=cfg.gate.options)
+        self.learner = None if self.remote else LearnerStage(
+            trainer, cfg.learner, reports=self._reports_out, capture_state=capture_state)
+
+    @property
+    def local_gate(self) -> GateStage | None:
+        """The gate stage when it runs in this process."""
+        return self.gate if isinstance(self.gate, GateStage) else None
+
+    def restore_remote_gate(self, counters: Mapping[str, Any] | None) -> None:
+        """A resumed run's gate counters, for a gate in another process (it loads them when it starts)."""
+        if isinstance(self.gate, RemoteGate) and counters is not None:
+            self.gate_counters = self.gate._counters = dict(counters)
+
+    def training_sink(self, channel: trio.MemorySendChannel[Any]) -> Any:
+        """Where the group lifecycle sends training groups (each announced to the learner first)."""
+        if self.learner is not None:
+            return AnnouncedSender(self.learner.expect, channel)
+        return _SocketAnnouncer(channel)
+
+    def gate_identity(self) -> tuple[str, bool] | None:
+        if self.gate is None:
+            return None
+        if isinstance(self.gate, GateStage):
+            return self.gate.gate.name, self.gate.shadow
+        return self.gate.name, self.gate.shadow
+
+    async def run_learner(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        if self.learner is not None:
+            self.learner.version = self.version
+            await self.learner.run(ctx, task_status=task_status)
+            return
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self._receive_reports, ctx)
+            state = self._trainer.state_dict()
+            args = (self.cfg, ctx.addresses, str(ctx.run_dir), state, self.version, self._capture_state, os.getpid())
+            await nursery.start(_supervise, "learner", args, self._ready["learner"])
+            task_status.started()
+
+    async def run_gate(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        if isinstance(self.gate, GateStage):
+            await self.gate.run(ctx, task_status=task_status)
+            return
+        args = (self.cfg, ctx.addresses, str(ctx.run_dir), self.gate_counters, os.getpid())
+        await _supervise("gate", args, self._ready["gate"], task_status=task_status)
+
+    async def _receive_reports(self, ctx: StageContext, *, task_status: Any) -> None:
+        """Own the reports PULL: readiness, gate reports, and learner reports into `self.reports`."""
+        t = ctx.addresses
+        pull = ctx.zmq.socket("pull", t.reports, bind=True, receives=ReportStream, hwm=t.hwm, name="reports")
+        async with pull, self._reports_out:
+            task_status.started()
+            async for message in pull:
+                match message:
+                    case StageReady(stage=stage):
+                        if isinstance(self.gate, RemoteGate) and stage == "gate":
+                            self.gate.name, self.gate.shadow = message.gate, message.shadow
+                        self._ready[stage].set()
+                    case GateReport() if isinstance(self.gate, RemoteGate):
+                        self.gate._statistics, self.gate._counters = message.statistics, message.counters
+                    case LearnerDropped(zero_variance=zv, cut=cut):
+                        await self._reports_out.send(GroupsConsumed(zero_variance=zv, cut=cut))
+                    case LearnerUpdated():
+                        await self._reports_out.send(LearnerReport(
+                            version=message.version, stats=message.stats, train_seconds=message.train_seconds,
+                            weights=_from_bytes(message.weights), trainer_state=_from_bytes(message.trainer_state),
+                            groups_trained=message.groups_trained))
+
+
+class _SocketAnnouncer:
+    def __init__(self, channel: trio.MemorySendChannel[Any]) -> None:
+        self._channel = channel
+
+    async def send(self, group: GroupResult) -> None:
+        await self._channel.send(GroupExpected(group_id=group.group_id))
+        await self._channel.send(group)
+
+
+async def _supervise(name: str, args: tuple[Any, ...], ready: trio.Event, *, task_status: Any) -> None:
+    """Run stage `name` in a child process (`python -m pipeline.processes`); started once it reported ready.
+
+    Cancelled (the phase ended, Ctrl-C, a failure elsewhere), `trio.run_process` terminates the child
+    (SIGTERM, SIGKILL after 5 s) and waits for it; a child that exits on its own fails the run."""
+    with tempfile.TemporaryDirectory(prefix=f"rollcut-{name}-") as folder:  # 0700: the arguments stay private
+        path = Path(folder) / "args.pkl"
+        path.write_bytes(pickle.dumps((sys.path, pickle.dumps(args))))  # the child imports what this process can
+        command = [sys.executable, "-m", "pipeline.processes", name, str(path)]
+        env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_run_child, name, command, env)
+            await ready.wait()
+            task_status.started()
+
+
+async def _run_child(name: str, command: list[str], env: dict[str, str]) -> None:
+    process = await trio.run_process(command, check=False, env=env)
+    raise StageFailed(name, f"its process exited with code {process.returncode} (its stderr is above)")
+
+
+# --------------------------------------------------------------------------------------------------
+# The children's side
+
+
+async def _watch_parent(parent: int, cancel: trio.CancelScope) -> None:
+    """Polls: the death of another process has no event to wait on here."""
+    while os.getppid() == parent:  # noqa: ASYNC110
+        await trio.sleep(1.0)
+    cancel.cancel()
+
+
+@contextlib.asynccontextmanager
+async def _child(addresses: TransportSection, parent: int) -> AsyncIterator[tuple[Context, Any, trio.Nursery]]:
+    """A child's zmq context, its reports PUSH and a nursery cancelled when the parent dies."""
+    async with open_context() as zmq, trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_parent, parent, nursery.cancel_scope)
+        reports = zmq.socket("push", addresses.reports, bind=False, hwm=addresses.hwm)
+        async with reports:
+            yield zmq, reports, nursery
+        nursery.cancel_scope.cancel()
+
+
+class _WireReports:
+    """The learner's report sink across processes: each report encoded on the reports socket."""
+
+    def __init__(self, socket: Any) -> None:
+        self._socket = socket
+
+    async def send(self, message: LearnerReport | GroupsConsumed) -> None:
+        if isinstance(message, GroupsConsumed):
+            await self._socket.send(LearnerDropped(zero_variance=message.zero_variance, cut=message.cut))
+            return
+        await self._socket.send(LearnerUpdated(
+            version=message.version, stats=dict(message.stats), train_seconds=message.train_seconds,
+            groups_trained=message.groups_trained, weights=_to_bytes(message.weights),
+            trainer_state=_to_bytes(message.trainer_state)))
+
+
+async def _serve_learner(cfg: RunConfig, t: TransportSection, run_dir: str, state: Mapping[str, Any], version: int,
+                         capture_state: bool, parent: int) -> None:
+    torch.set_num_threads(cfg.learner.torch_threads)
+    suite = ENVS.get(cfg.env.name)(max_steps=cfg.env.max_steps, **cfg.env.options)
+    no_warm = msgspec.structs.replace(cfg.pretrain, enabled=False)
+    one = msgspec.structs.replace(cfg.policy, workers=1)  # only its trainable model is used here
+    model = POLICIES.get(cfg.policy.backend)(one, no_warm, suite, seed=cfg.run.seed).trainable()
+    model.load_state_dict(state["model"])  # before the Trainer: its KL reference copies these weights
+    trainer = Trainer(model, cfg.learner, LOSSES.get(cfg.learner.loss), temperature=cfg.policy.temperature,
+                      top_p=cfg.policy.top_p, seed=cfg.run.seed)
+    trainer.load_state_dict(dict(state))
+    async with _child(t, parent) as (zmq, reports, nursery):
+        learner = LearnerStage(trainer, cfg.learner, reports=_WireReports(reports), version=version,
+                               capture_state=capture_state, announced_on_socket=True)
+        ctx = StageContext(zmq=zmq, addresses=t, run_dir=Path(run_dir), profiler=Profiler(enabled=False))
+        await nursery.start(learner.run, ctx)
+        await reports.send(StageReady(stage="learner"))
+        await trio.sleep_forever()
+
+
+async def _serve_gate(cfg: RunConfig, t: TransportSection, run_dir: str, counters: Mapping[str, Any] | None,
+                     parent: int) -> None:
+    gate = GateStage(gate=cfg.gate.name, k=cfg.gate.k, tau=cfg.gate.tau, checkpoints=cfg.gate.checkpoints,
+                     shadow=cfg.gate.shadow, options=cfg.gate.options)
+    if counters is not None:
+        gate.load_counters(counters)
+    async with _child(t, parent) as (zmq, reports, nursery):
+        ctx = StageContext(zmq=zmq, addresses=t, run_dir=Path(run_dir), profiler=Profiler(enabled=False))
+        await nursery.start(gate.run, ctx)
+        await reports.send(StageReady(stage="gate", gate=gate.gate.name, shadow=gate.shadow))
+        last: dict[str, Any] = {}
+        while True:
+            await trio.sleep(REPORT_EVERY_S)
+            stats = dict(gate.statistics())
+            if stats != last:
+                await reports.send(GateReport(statistics=stats, counters=gate.counters_state()))
+                last = stats
+
+
+_SERVE = {"learner": _serve_learner, "gate": _serve_gate}
+
+
+def main() -> None:
+    """`python -m pipeline.processes STAGE ARGS_FILE`: started by `_supervise`, not by hand."""
+    from .rundir import configure_logging
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
+    stage, path = sys.argv[1], Path(sys.argv[2])
+    sys_path, blob = pickle.loads(path.read_bytes())
+    sys.path[:] = [*sys_path, *(p for p in sys.path if p not in sys_path)]  # plugins named `module:Class` import here too
+    args = pickle.loads(blob)
+    configure_logging(None)
+    trio.run(_SERVE[stage], *args)
+
+
+if __name__ == "__main__":
+    main()

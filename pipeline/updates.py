@@ -1,0 +1,169 @@
+"""What the runtime does with the learner stage's reports: one task consumes them, in order.
+
+For each `LearnerReport`: load the new weights into the policy (and keep them if a held-out measure is
+due), count the update, give the staleness budget back and tell the allocator (the group lifecycle), send
+`WeightsPublished` to the event stream, write the metrics row, capture a checkpoint at this update boundary
+(the report carries the trainer's state), refresh the progress line, start a due held-out measure, and end
+the phase after the last update. For each `GroupsConsumed`: count it and give its budget back. The learner
+stage only sends; nothing here calls into it, so it may run in another process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import trio
+
+from . import resume
+from .allocation import SlotPool, StalenessPacer
+from .config import RunConfig
+from .counters import GroupsConsumed, LearnerReport, PhaseCounters
+from .heldout import PeriodicHeldout
+from .lifecycle import GroupLifecycle
+from .messages import AnyMessage, WeightsPublished
+from .profiling import Profiler
+from .progress import Progress
+from .rundir import MetricsWriter
+
+
+class GateView(Protocol):
+    """A gate stage as the runtime reads it (in-process, or the last report of one in another process)."""
+
+    def statistics(self) -> Mapping[str, float | None]: ...
+
+    def counters_state(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class Phase:
+    """The running phase's parts, as the runtime's tasks read them."""
+
+    cfg: RunConfig
+    counters: PhaseCounters
+    slots: SlotPool
+    pacer: StalenessPacer
+    lifecycle: GroupLifecycle
+    rollout: Any
+    """The rollout stage (env_steps, trajectory_seconds, its resume counters)."""
+    allocator: Any
+    policy: Any
+    gate: GateView | None
+    dropped_frames: Callable[[], dict[str, dict[str, int]]]
+    version: int = 0
+    started: float = 0.0
+    done: trio.Event = field(default_factory=trio.Event)
+
+    def wall_s(self) -> float:
+        return trio.current_time() - self.started + self.counters.resumed_wall_s
+
+
+class UpdateRecorder:
+    def __init__(self, phase: Phase, *, events: trio.MemorySendChannel[AnyMessage], metrics: MetricsWriter,
+                 heldout: PeriodicHeldout, profiler: Profiler, checkpointer: resume.Checkpointer | None,
+                 progress: Progress | None) -> None:
+        self.phase, self.events, self.metrics, self.heldout = phase, events, metrics, heldout
+        self.profiler, self.checkpointer, self.progress = profiler, checkpointer, progress
+
+    async def consume(self, reports: Any, evals: trio.Nursery, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Consume the learner's reports (a channel or a socket) until cancelled."""
+        phase = self.phase
+        async with reports:
+            task_status.started()
+            async for message in reports:
+                if phase.done.is_set():
+                    continue  # the phase ended: an update the learner finished after the last one is not counted
+                if isinstance(message, GroupsConsumed):
+                    phase.counters.learner_dropped(message)
+                    phase.lifecycle.learner_dropped()
+                else:
+                    await self.updated(message, evals)
+
+    async def updated(self, report: LearnerReport, evals: trio.Nursery) -> None:
+        phase = self.phase
+        with self.profiler.span("learner", "weight_publish"):
+            phase.policy.load_weights(report.version, report.weights)
+        self.heldout.published(report.version, report.weights)
+        phase.version = report.version
+        phase.counters.learner_updated(report)
+        phase.lifecycle.learner_updated(report.version, report.groups_trained)
+        await self.events.send(WeightsPublished(
+            version=report.version, groups_trained=phase.counters.groups_trained, published_at=trio.current_time()
+        ))
+        row = metrics_row(report, phase)
+        self.metrics.write(row)
+        if self.checkpointer is not None:
+            self.checkpointer.capture(checkpoint_state(report, phase))
+            await self.checkpointer.after_update(report.version)
+        if self.progress is not None:
+            self.progress.update_line(row, final=True)
+        self.heldout.start_if_due(report.version, evals, wall_s=phase.wall_s, env_steps=lambda: phase.rollout.env_steps)
+        if report.version >= phase.cfg.run.updates:
+            phase.done.set()
+
+
+def metrics_row(report: LearnerReport, phase: Phase) -> dict[str, Any]:
+    """One metrics.jsonl row per update; resets the row window (success rate, env steps/s)."""
+    counters, rollout = phase.counters, phase.rollout
+    now = trio.current_time()
+    window_s = max(now - counters.window_started, 1e-9)
+    row: dict[str, Any] = {
+        "iteration": report.version,
+        "wall_s": phase.wall_s(),
+        "success_rate": counters.window_successes / counters.window_rollouts if counters.window_rollouts else None,
+        "groups_admitted": phase.lifecycle.groups_admitted,
+        "groups_cut": counters.groups_cut,
+        "groups_trained": counters.groups_trained,
+        "groups_dropped_zero_variance": counters.groups_dropped_zero_variance,
+        "zero_variance_fraction": counters.merged_zero_variance / counters.merged_full_size if counters.merged_full_size else None,
+        "slot_occupancy": phase.slots.occupancy(),
+        "env_steps": rollout.env_steps,
+        "env_steps_per_s": (rollout.env_steps - counters.window_steps_at) / window_s,
+        "train_s": report.train_seconds,
+        "loop_lag_p99_ms": counters.loop_lag_p99_ms(),
+    }
+    row |= dict(report.stats)
+    elapsed = now - phase.started
+    row["trajectory_slot_occupancy"] = rollout.trajectory_seconds / (phase.slots.total * elapsed) if elapsed > 0 else None
+    row |= dict(phase.allocator.statistics())
+    if phase.gate is not None:
+        row |= dict(phase.gate.statistics())
+    counters.window_rollouts = counters.window_successes = 0
+    counters.window_steps_at = rollout.env_steps
+    counters.window_started = now
+    return row
+
+
+def checkpoint_state(report: LearnerReport, phase: Phase) -> dict[str, Any]:
+    """Everything `pipeline.resume` saves, at this update boundary (the trainer's state came with the report)."""
+    sampling_state = getattr(phase.policy, "sampling_state", None)  # optional on a backend
+    grpo = resume.capture_counters(
+        counters=phase.counters, admission=phase.lifecycle.admission, rollout=phase.rollout, version=report.version,
+        gate=phase.gate, wall_s=phase.wall_s(),
+    )
+    grpo["dropped_frames"] = resume.add_counts(phase.counters.resumed_dropped_frames, phase.dropped_frames())
+    return {
+        "version": report.version,
+        "trainer": report.trainer_state,
+        "policy": sampling_state() if sampling_state is not None else None,
+        "allocator": phase.allocator.state_dict(),
+        "grpo": grpo,
+        "rng": resume.rng_state(),
+    }
+
+
+def live_status(phase: Phase) -> dict[str, Any]:
+    """The progress line between updates."""
+    counters = phase.counters
+    elapsed = max(trio.current_time() - phase.started, 1e-9)
+    return {
+        "iteration": phase.version,
+        "groups_admitted": phase.lifecycle.groups_admitted,
+        "groups_cut": counters.groups_cut,
+        "groups_trained": counters.groups_trained,
+        "slot_occupancy": phase.slots.busy / phase.slots.total,
+        "env_steps_per_s": phase.rollout.env_steps / elapsed,
+        "success_rate": counters.successes / counters.rollouts_finished if counters.rollouts_finished else None,
+        "outstanding": phase.pacer.outstanding,
+    }

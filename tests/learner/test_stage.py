@@ -1,0 +1,53 @@
+"""The learner stage is message-driven: groups in over its socket, reports out over a channel; it never
+calls into the runtime, and it accepts only announced groups."""
+
+from pathlib import Path
+
+import trio
+
+from learner.stage import LearnerStage
+from pipeline.config import LearnerSection, TransportSection
+from pipeline.counters import GroupsConsumed, LearnerReport
+from pipeline.messages import GroupExpected, GroupResult, Trajectory, TrajectoryStatus
+from pipeline.profiling import Profiler
+from pipeline.stage import StageContext
+from pipeline.transport import open_context
+
+
+class _Trainer:
+    def __init__(self):
+        self.batches = []
+
+    def update(self, groups, *, version=0):
+        self.batches.append([g.group_id for g in groups])
+        return {"w": version + 1}, {"learner/loss": 0.5}
+
+    def state_dict(self):
+        return {"batches": len(self.batches)}
+
+
+def _group(gid, rewards):
+    trajectories = [Trajectory(rollout_index=i, turns=[], reward=r, success=r > 0, status=TrajectoryStatus.COMPLETE)
+                    for i, r in enumerate(rewards)]
+    return GroupResult(group_id=gid, task_id="t", trajectories=trajectories, cut=False)
+
+
+async def test_reports_an_update_per_batch_and_a_drop_per_zero_variance_group():
+    reports, received = trio.open_memory_channel(10)
+    trainer = _Trainer()
+    stage = LearnerStage(trainer, LearnerSection(batch_groups=2), reports=reports, version=3, announced_on_socket=True)
+    t = TransportSection(results="inproc://learner-test")
+    async with open_context() as zmq, trio.open_nursery() as nursery:
+        await nursery.start(stage.run, StageContext(zmq=zmq, addresses=t, run_dir=Path("."), profiler=Profiler(enabled=False)))
+        push = zmq.socket("push", t.results, bind=False)
+        async with push:
+            await push.send(_group(9, [1.0, 0.0]))  # never announced: dropped
+            for gid, rewards in ((0, [1.0, 0.0]), (1, [1.0, 1.0]), (2, [0.0, 1.0])):
+                await push.send(GroupExpected(group_id=gid))
+                await push.send(_group(gid, rewards))
+            dropped = await received.receive()
+            report = await received.receive()
+        nursery.cancel_scope.cancel()
+    assert dropped == GroupsConsumed(zero_variance=True)
+    assert isinstance(report, LearnerReport) and report.version == 4 and report.groups_trained == 2
+    assert report.weights == {"w": 4} and report.trainer_state == {"batches": 1} and trainer.batches == [[0, 2]]
