@@ -21,9 +21,9 @@ from pipeline.config import load_config  # noqa: E402
 from pipeline.job import build_suite, load, run_job  # noqa: E402
 from pipeline.profiling import load_report  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
-from stages.policy.vllm import build_policy  # noqa: E402
+from stages.policy.vllm import VllmOptions, build_policy  # noqa: E402
 from stages.policy.vllm._learner import CausalLMTrainable  # noqa: E402
-from stages.policy.vllm._make_model import ModelShape, make_model  # noqa: E402
+from stages.policy.vllm._make_model import UNTRAINED, ModelShape, make_model  # noqa: E402
 from stages.policy.vllm._server import VllmPolicy, sampling_params  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -36,7 +36,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("models") / "tiny-llama"
     cfg = load_config(None, [])
     make_model(out, build_suite(cfg), shape=ModelShape(layers=2, hidden=64, heads=2, intermediate=128),
-               demos=0, epochs=0, lr=1e-3, batch_size=8, seed=0)
+               bc=UNTRAINED, prompt_options=VllmOptions(), seed=0)
     return out
 
 
@@ -57,7 +57,7 @@ async def test_generate_returns_ids_and_the_learners_logprobs(policy: VllmPolicy
         assert r.token_ids and len(r.logprobs) == len(r.token_ids) and r.policy_version == policy.version
         assert len(r.token_ids) <= policy.sampling.max_new_tokens
     learner = policy.trainable()
-    new, mask = learner.completion_logprobs([r.prompt_ids for r in results], [r.token_ids for r in results])
+    new, mask, _ = learner.completion_logprobs([r.prompt_ids for r in results], [r.token_ids for r in results])
     for i, r in enumerate(results):
         ratio = torch.exp(new[i, : len(r.token_ids)] - torch.tensor(r.logprobs))
         assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-3), ratio  # same weights -> ratio 1
@@ -105,7 +105,7 @@ async def test_weight_update_changes_outputs_and_bumps_the_version(policy: VllmP
     assert new.token_ids != old.token_ids or new.logprobs != pytest.approx(old.logprobs, abs=1e-3)
     # The learner's copy starts from the synced weights; greedy results are scored at temperature 1.
     synced = CausalLMTrainable(policy.trainable().lm, temperature=0.0, top_p=1.0)
-    logp, _ = synced.completion_logprobs([new.prompt_ids], [new.token_ids])
+    logp, _, _ = synced.completion_logprobs([new.prompt_ids], [new.token_ids])
     assert logp[0, : len(new.token_ids)].tolist() == pytest.approx(new.logprobs, abs=1e-3)
 
 
