@@ -109,6 +109,47 @@ async def test_weight_update_changes_outputs_and_bumps_the_version(policy: VllmP
     assert logp[0, : len(new.token_ids)].tolist() == pytest.approx(new.logprobs, abs=1e-3)
 
 
+@pytest.fixture(scope="module")
+def lora_policy(model_dir: Path) -> Iterator[VllmPolicy]:
+    pytest.importorskip("peft", reason="LoRA needs peft (the lora extra; .ci/vllm-cpu installs it)")
+    cfg = load_config(None, [
+        "policy.backend=vllm", f"policy.model={json.dumps(str(model_dir))}",
+        "policy.options.lora_rank=8", "policy.options.lora_alpha=16",
+    ])
+    built = build_policy(cfg.policy, cfg.pretrain, build_suite(cfg), seed=0)
+    yield built
+    built.close()
+
+
+async def test_lora_update_changes_outputs_and_bumps_the_version(lora_policy: VllmPolicy) -> None:
+    policy = lora_policy
+    learner = policy.trainable()
+    names = [n for n, p in learner.lm.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n for n in names)  # the learner trains the adapter only
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for p in learner.parameters():
+            p.add_(0.5 * torch.randn_like(p))  # B leaves 0: the adapter now changes the model
+    async with trio.open_nursery() as nursery:
+        await nursery.start(policy.serve)
+        old = await policy.act(CTX, greedy=True)
+        version = policy.version + 1
+        policy.load_weights(version, learner.state_dict())
+        assert await trio.to_thread.run_sync(policy.wait_synced) == version
+        new = await policy.act(CTX, greedy=True)
+        sampled = await policy.act(CTX)
+        nursery.cancel_scope.cancel()
+    assert (old.policy_version, new.policy_version, sampled.policy_version) == (version - 1, version, version)
+    assert new.token_ids != old.token_ids or new.logprobs != pytest.approx(old.logprobs, abs=1e-3)
+    # vLLM's LoRA kernels and peft compute the same model: the engine's log-probs are the learner's.
+    greedy = CausalLMTrainable(policy.trainable().lm, temperature=0.0, top_p=1.0, lora=policy.lora)
+    logp = greedy.completion_logprobs([new.prompt_ids], [new.token_ids]).logprobs
+    assert logp[0, : len(new.token_ids)].tolist() == pytest.approx(new.logprobs, abs=1e-3)
+    ratio = torch.exp(policy.trainable().completion_logprobs([sampled.prompt_ids], [sampled.token_ids]).logprobs[0]
+                      - torch.tensor(sampled.logprobs))
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-3), ratio
+
+
 async def test_pipeline_runs_and_the_gate_cut_aborts_engine_requests(model_dir: Path, tmp_path: Path) -> None:
     cfg = load(None, [
         "policy.backend=vllm", f"policy.model={json.dumps(str(model_dir))}", f"run.out={json.dumps(str(tmp_path))}",

@@ -12,8 +12,8 @@ import trio
 
 from stages.policy.base import AgentContext
 from stages.policy.vllm import decode_options
-from stages.policy.vllm._lora import LoraSettings, lora_problems
 from stages.policy.vllm._loop import LoopThread
+from stages.policy.vllm._lora import LoraSettings, lora_problems
 from stages.policy.vllm._prompt import ChatPrompt
 from stages.policy.vllm._server import Sampling, VllmPolicy
 
@@ -68,12 +68,20 @@ async def test_each_version_is_a_lora_adapter_that_later_requests_carry(loop: Lo
     assert (name, lora_id) == ("rollcut-v1", 1)
     assert engine.request_loras == [None, engine.loras[0]]  # version 0 = the base model, no adapter
     assert (before.policy_version, after.policy_version) == (0, 1)
-    config = json.loads((Path(path) / "adapter_config.json").read_text())
+    _check_adapter_dir(Path(path))
+    policy.close()
+    assert not _exists(Path(path))  # adapter directories go with the policy
+
+
+def _check_adapter_dir(path: Path) -> None:
+    config = json.loads((path / "adapter_config.json").read_text())
     assert (config["r"], config["lora_alpha"], sorted(config["target_modules"])) == (4, 8.0, ["q_proj", "v_proj"])
     assert config["base_model_name_or_path"] == "/models/base"
-    assert (Path(path) / "adapter_model.safetensors").is_file()
-    policy.close()
-    assert not Path(path).exists()  # adapter directories go with the policy
+    assert (path / "adapter_model.safetensors").is_file()
+
+
+def _exists(path: Path) -> bool:
+    return path.exists()
 
 
 def test_learner_trains_the_adapter_only_and_its_state_reloads() -> None:
