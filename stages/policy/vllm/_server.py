@@ -126,7 +126,8 @@ class VllmPolicy:
         self._serving = False
         self._inflight: dict[str, Any] = {}  # request id -> concurrent future (Trio thread only)
         self._state: dict[str, torch.Tensor] | None = None  # latest published weights (for trainable())
-        self._pending: tuple[int, list[WireTensor]] | None = None
+        self._pending: tuple[int, list[WireTensor] | tuple[str, int, str]] | None = None
+        """(version, full weights as wire tensors | a LoRA adapter as (name, id, directory)), newest only."""
         self._sync_lock: asyncio.Lock | None = None
         self._syncs: list[Any] = []
         self._failure: BaseException | None = None
