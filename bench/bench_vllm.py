@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.config import load_config  # noqa: E402
 from pipeline.job import build_suite  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
-from stages.policy.vllm import build_policy  # noqa: E402
-from stages.policy.vllm._make_model import ModelShape, make_model  # noqa: E402
+from stages.policy.vllm import VllmOptions, build_policy  # noqa: E402
+from stages.policy.vllm._make_model import UNTRAINED, ModelShape, make_model  # noqa: E402
 from stages.policy.vllm._server import VllmPolicy, sampling_params  # noqa: E402
 
 
@@ -154,7 +154,7 @@ def main() -> None:
     model = args.model
     if model is None:
         model = str(Path(tmp.name) / "tiny-llama")
-        make_model(Path(model), build_suite(cfg), shape=ModelShape(), demos=0, epochs=0, lr=1e-3, batch_size=8, seed=0)
+        make_model(Path(model), build_suite(cfg), shape=ModelShape(), bc=UNTRAINED, prompt_options=VllmOptions(), seed=0)
     cfg = load_config(None, ["policy.backend=vllm", f'policy.model="{model}"', f"policy.max_batch={args.clients}"])
     torch.set_num_threads(1)
     started = time.perf_counter()

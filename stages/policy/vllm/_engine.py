@@ -66,6 +66,9 @@ def engine_args(cfg: PolicySection, opts: VllmOptions, *, seed: int) -> Any:
         "enable_prefix_caching": False,
         "disable_log_stats": True,
     }
+    lora = opts.lora
+    if lora is not None:  # adapters by version: the current one and the one before may share a batch
+        fields |= {"enable_lora": True, "max_lora_rank": lora.engine_max_rank, "max_loras": 2, "max_cpu_loras": 4}
     fields.update(opts.engine_args)
     return AsyncEngineArgs(**fields)
 
@@ -101,7 +104,7 @@ def start_engine(cfg: PolicySection, opts: VllmOptions, *, seed: int) -> VllmPol
         loop.close()
         raise
     log.info("policy.vllm.started", model=cfg.model, seconds=round(time.perf_counter() - started, 1))
-    return VllmPolicy(loop, engine, prompt, sampling, model_path=cfg.model, shapes=shapes, seed=seed)
+    return VllmPolicy(loop, engine, prompt, sampling, model_path=cfg.model, shapes=shapes, seed=seed, lora=opts.lora)
 
 
 async def _create(args: Any) -> Any:

@@ -6,8 +6,9 @@ top-p: sorting ascending, tokens whose cumulative probability (themselves includ
 removed (the most likely token always stays), and the rest renormalised. So at unchanged weights the
 importance ratio exp(new - old) is 1 up to float rounding (tested against the engine).
 
-A sampled token that falls outside the new nucleus after an update would get -inf; it is floored at
-`LOGPROB_FLOOR` (ratio ~0, no gradient through it), which keeps every loss finite.
+`processed_logprobs` writes vLLM's rule out over the whole vocabulary (tests check it keeps the same
+nucleus as the shared `stages.policy.sampling` rule); the learner scores with the shared functions, which
+widen the nucleus to a scored token that left it after an update, so every loss stays finite.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from typing import Any
 
 import torch
 
-LOGPROB_FLOOR = -30.0
+from stages.policy.base import CompletionScores
+from stages.policy.sampling import sampled_logprobs, sampling_entropy
+
+from ._lora import LoraSettings, adapter_state, apply_lora, load_adapter_state
 
 
 def processed_logprobs(logits: torch.Tensor, *, temperature: float, top_p: float) -> torch.Tensor:
@@ -42,40 +46,70 @@ def processed_logprobs(logits: torch.Tensor, *, temperature: float, top_p: float
 class CausalLMTrainable:
     """A Hugging Face causal LM as the learner's `TrainableModel` (`stages.policy.base`).
 
-    `state_dict()` keys are the checkpoint's own names (`model.layers.0.self_attn.q_proj.weight`, ...),
-    which is what vLLM's `model.load_weights` takes, so the learner's weights go to the engine unrenamed.
+    Full fine-tune: `state_dict()` keys are the checkpoint's own names (`model.layers.0.self_attn.q_proj.
+    weight`, ...), which is what vLLM's `load_weights` takes, so the learner's weights go to the engine
+    unrenamed. With `lora`, the model is wrapped by peft, `parameters()` are the adapter's only and
+    `state_dict()` is the adapter state (`_lora.py`), which the policy sends as a vLLM LoRA adapter.
+    Scores use the shared sampling definition (`stages.policy.sampling`), the one vLLM's
+    `processed_logprobs` mode records.
     """
 
-    def __init__(self, lm: Any, *, temperature: float, top_p: float) -> None:
+    def __init__(self, lm: Any, *, temperature: float, top_p: float, lora: LoraSettings | None = None) -> None:
         self.lm = lm
         self.temperature = temperature
         self.top_p = top_p
+        self.lora = lora
 
     @classmethod
-    def load(cls, path: str, *, temperature: float, top_p: float, state: Mapping[str, Any] | None = None) -> CausalLMTrainable:
+    def load(
+        cls,
+        path: str,
+        *,
+        temperature: float,
+        top_p: float,
+        state: Mapping[str, Any] | None = None,
+        lora: LoraSettings | None = None,
+    ) -> CausalLMTrainable:
         from transformers import AutoModelForCausalLM
 
         lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        if lora is not None:
+            lm = apply_lora(lm, lora)
+            if state is not None:
+                load_adapter_state(lm, state)
+            return cls(lm.train(), temperature=temperature, top_p=top_p, lora=lora)
         if state is not None:
             lm.load_state_dict(dict(state), strict=False)
         return cls(lm.requires_grad_(True).train(), temperature=temperature, top_p=top_p)
 
     def parameters(self) -> Iterator[torch.nn.Parameter]:
-        return self.lm.parameters()
+        return (p for p in self.lm.parameters() if p.requires_grad)
 
     def state_dict(self) -> dict[str, Any]:
-        return self.lm.state_dict()
+        return adapter_state(self.lm) if self.lora is not None else self.lm.state_dict()
 
     def train(self, mode: bool = True) -> CausalLMTrainable:
         self.lm.train(mode)
         return self
 
+    def requires_grad_(self, flag: bool = True) -> CausalLMTrainable:
+        """For the learner's frozen reference copy (`kl_coef` > 0)."""
+        self.lm.requires_grad_(flag)
+        return self
+
     def completion_logprobs(
-        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log-probs [N, T], mask [N, T]) of each completion token under the sampling distribution."""
+        self,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Sequence[int]],
+        *,
+        temperature: float | None = None,
+        top_p: float | None = None,
+    ) -> CompletionScores:
+        """Log-probs [N, T] of each completion token under the sampling distribution, mask, entropy."""
         if len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+        temperature = self.temperature if temperature is None else temperature
+        top_p = self.top_p if top_p is None else top_p
         seqs = [[*p, *c] for p, c in zip(prompts, completions, strict=True)]
         N, L = len(seqs), max(len(s) for s in seqs)
         T = max(1, max(len(c) for c in completions))
@@ -88,14 +122,17 @@ class CausalLMTrainable:
         start = torch.tensor([len(p) for p in prompts])  # [N]
         lengths = torch.tensor([len(c) for c in completions])  # [N]
         t = torch.arange(T)  # [T]
-        mask = t[None, :] < lengths[:, None]  # [N, T]
-        targets_at = (start[:, None] + t[None, :]).clamp(max=L - 1)  # [N, T]
+        mask = (t[None, :] < lengths[:, None]).to(device)  # [N, T]
+        targets_at = (start[:, None] + t[None, :]).clamp(max=L - 1).to(device)  # [N, T]
         predict_at = (targets_at - 1).clamp(min=0)  # [N, T]
         ids, attention = ids.to(device), attention.to(device)
         h = self.lm.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state  # [N, L, D]
-        h = h.gather(1, predict_at.to(device)[..., None].expand(-1, -1, h.shape[-1]))  # [N, T, D]
-        logp = processed_logprobs(self.lm.get_output_embeddings()(h), temperature=self.temperature, top_p=self.top_p)  # [N, T, V]
-        targets = ids.gather(1, targets_at.to(device))  # [N, T]
-        token_logp = logp.gather(-1, targets[..., None]).squeeze(-1).clamp(min=LOGPROB_FLOOR)  # [N, T]
-        mask = mask.to(device)
-        return torch.where(mask, token_logp, torch.zeros_like(token_logp)), mask.to(token_logp.dtype)
+        h = h.gather(1, predict_at[..., None].expand(-1, -1, h.shape[-1]))  # [N, T, D]
+        logits = self.lm.get_output_embeddings()(h)  # [N, T, V]
+        targets = ids.gather(1, targets_at)  # [N, T]
+        token_logp = sampled_logprobs(logits, targets, temperature=temperature, top_p=top_p)  # [N, T]
+        entropy = sampling_entropy(logits, temperature=temperature, top_p=top_p)  # [N, T]
+        zero = torch.zeros_like(token_logp)
+        return CompletionScores(
+            torch.where(mask, token_logp, zero), mask.to(token_logp.dtype), torch.where(mask, entropy, zero)
+        )

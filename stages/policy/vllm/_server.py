@@ -11,7 +11,9 @@ before its next step. The time from the Trio cancellation to the end of that abo
 request (`statistics().abort_ms_p50/p99`).
 
 Versions: `load_weights(version, state)` validates and snapshots the weights, then a coroutine on the
-loop sends them to every worker (`collective_rpc("rollcut_load_weights")`, between engine steps). Syncs
+loop sends them to every worker (`collective_rpc("rollcut_load_weights")`, between engine steps); with
+LoRA (`_lora.py`) the state is an adapter, written as a peft directory and registered with
+`AsyncLLM.add_lora`, and later requests carry its `LoRARequest`. Syncs
 are serialised and only the newest pending one is sent. A result carries the version the engine held
 when its request was *submitted*: a request that straddles an update is stamped with the older version,
 so staleness is never under-counted.
@@ -21,9 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,10 +43,14 @@ from stages.policy.torch_tiny._server import PolicyStopped, request_seed
 
 from ._learner import CausalLMTrainable
 from ._loop import LoopThread, wait_trio
+from ._lora import LoraSettings, check_adapter_state, write_adapter
 from ._prompt import ChatPrompt
 from ._worker import WireTensor, to_wire
 
 log = structlog.get_logger(__name__)
+
+KEEP_ADAPTERS = 8
+"""LoRA adapter directories kept on disk: the engine may reload an evicted older one for a late request."""
 
 ENGINE_STAGE = "vllm"
 """Profile stage of the engine: busy while any request is in flight; CPU of the engine process(es)."""
@@ -98,8 +107,11 @@ class VllmPolicy:
         shapes: Mapping[str, tuple[int, ...]],
         seed: int,
         make_params: Callable[..., Any] | None = None,
+        lora: LoraSettings | None = None,
+        make_lora: Callable[[str, int, str], Any] | None = None,
     ) -> None:
         self.version = 0
+        self.lora = lora
         self.profiler = Profiler(enabled=False)
         self.prompt = prompt
         self.sampling = sampling
@@ -114,7 +126,8 @@ class VllmPolicy:
         self._serving = False
         self._inflight: dict[str, Any] = {}  # request id -> concurrent future (Trio thread only)
         self._state: dict[str, torch.Tensor] | None = None  # latest published weights (for trainable())
-        self._pending: tuple[int, list[WireTensor]] | None = None
+        self._pending: tuple[int, list[WireTensor] | tuple[str, int, str]] | None = None
+        """(version, full weights as wire tensors | a LoRA adapter as (name, id, directory)), newest only."""
         self._sync_lock: asyncio.Lock | None = None
         self._syncs: list[Any] = []
         self._failure: BaseException | None = None
@@ -123,6 +136,10 @@ class VllmPolicy:
         self._busy_span: Any = None
         self._stats = _Stats()
         self._closed = False
+        self._lora_request: Any = None  # the adapter of self.version (None = base weights)
+        self._lora_ids = 0
+        self._make_lora = make_lora or lora_request
+        self._adapters = tempfile.TemporaryDirectory(prefix="rollcut-lora-") if lora is not None else None
 
     # ----------------------------------------------------------------------------------------------
     # Policy protocol
@@ -170,17 +187,27 @@ class VllmPolicy:
                 future.cancel()  # waiting act() calls fail with PolicyStopped; the engine aborts them
 
     def load_weights(self, version: int, state: Mapping[str, Any]) -> None:
-        self._check_shapes(version, state)
+        if self.lora is not None:
+            check_adapter_state(state, version)
+        else:
+            self._check_shapes(version, state)
         snapshot = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
         self._state = snapshot
-        self._pending = (version, [to_wire(k, v) for k, v in snapshot.items() if k in self._shapes])
+        if self.lora is not None:
+            self._pending = (version, self._write_adapter(version, snapshot))
+        else:
+            self._pending = (version, [to_wire(k, v) for k, v in snapshot.items() if k in self._shapes])
         self._syncs = [f for f in self._syncs if not f.done()]
         self._syncs.append(self._loop.submit(self._sync_weights()))
 
     def trainable(self) -> CausalLMTrainable:
         """A fresh `transformers` copy of the served weights (the latest published state, if any)."""
         return CausalLMTrainable.load(
-            self.model_path, temperature=self.sampling.temperature, top_p=self.sampling.top_p, state=self._state
+            self.model_path,
+            temperature=self.sampling.temperature,
+            top_p=self.sampling.top_p,
+            state=self._state,
+            lora=self.lora,
         )
 
     def attach_profiler(self, profiler: Profiler) -> None:
@@ -225,20 +252,22 @@ class VllmPolicy:
         finally:
             self._loop.close()
             self.engine = None  # AsyncLLM.__del__ now, not during interpreter teardown
+            if self._adapters is not None:
+                self._adapters.cleanup()
         log.info("policy.vllm.closed", **self.statistics())
 
     # ----------------------------------------------------------------------------------------------
     # On the asyncio loop thread
 
     async def _generate(self, request: _Request) -> ActResult:
-        version = self.version
+        version, lora = self.version, self._lora_request  # read together: the loop thread sets both
         self._stats.requests += 1
         started = time.perf_counter()
         self._enter_busy()
         final = None
         try:
             async for output in self.engine.generate(
-                {"prompt_token_ids": request.prompt}, self._params(request), request.request_id
+                {"prompt_token_ids": request.prompt}, self._params(request), request.request_id, lora_request=lora
             ):
                 final = output
         except asyncio.CancelledError:
@@ -286,10 +315,16 @@ class VllmPolicy:
             started = time.perf_counter()
             try:
                 with self.profiler.span("policy", "weight_load"):
-                    await self.engine.collective_rpc("rollcut_load_weights", args=(version, weights))
+                    if isinstance(weights, tuple):  # a LoRA adapter: (name, id, directory)
+                        lora = self._make_lora(*weights)
+                        await self.engine.add_lora(lora)
+                    else:
+                        await self.engine.collective_rpc("rollcut_load_weights", args=(version, weights))
             except Exception as exc:
                 self._fail(exc)
                 raise
+            if isinstance(weights, tuple):
+                self._lora_request = lora
             self.version = version
             self._stats.weight_sync_s.append(time.perf_counter() - started)
             log.info("policy.weights_loaded", version=version, ms=round(self._stats.weight_sync_s[-1] * 1000, 1))
@@ -324,6 +359,16 @@ class VllmPolicy:
         if self._failure is not None:
             raise RuntimeError(f"vLLM weight sync failed: {self._failure!r}") from self._failure
 
+    def _write_adapter(self, version: int, state: Mapping[str, torch.Tensor]) -> tuple[str, int, str]:
+        """Write version `version`'s adapter directory (the 8 newest are kept for late requests)."""
+        assert self.lora is not None and self._adapters is not None
+        self._lora_ids += 1
+        root = Path(self._adapters.name)
+        directory = write_adapter(root / f"{self._lora_ids:06d}", self.lora, self.model_path, state)
+        for old in sorted(root.iterdir())[:-KEEP_ADAPTERS]:
+            shutil.rmtree(old, ignore_errors=True)
+        return f"rollcut-v{version}", self._lora_ids, str(directory)
+
     def _check_shapes(self, version: int, state: Mapping[str, Any]) -> None:
         missing = sorted(k for k in self._shapes if k not in state)
         wrong = sorted(k for k, shape in self._shapes.items() if k in state and tuple(state[k].shape) != shape)
@@ -351,6 +396,12 @@ def sampling_params(s: Sampling, *, greedy: bool, seed: int | None, stop_token_i
         output_kind=RequestOutputKind.FINAL_ONLY,
         skip_special_tokens=True,
     )
+
+
+def lora_request(name: str, lora_id: int, path: str) -> Any:
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path)
 
 
 def engine_process_ids(engine: Any) -> list[int]:

@@ -57,9 +57,16 @@ class FakeEngine:
     abort_seen: asyncio.Event | None = None
     on_running: Any = None
     """Called on the loop thread once a request is in the engine (tests wake a Trio event with it)."""
+    loras: list[Any] = field(default_factory=list)
+    """Adapters registered with add_lora, in order."""
+    request_loras: list[Any] = field(default_factory=list)
+    """The lora_request of every generate call."""
 
-    async def generate(self, prompt: dict[str, list[int]], params: Any, request_id: str) -> Any:
+    async def generate(
+        self, prompt: dict[str, list[int]], params: Any, request_id: str, lora_request: Any = None
+    ) -> Any:
         self.params.append(params)
+        self.request_loras.append(lora_request)
         self.running.add(request_id)
         if self.on_running is not None:
             self.on_running()
@@ -82,6 +89,12 @@ class FakeEngine:
             raise RuntimeError("worker refused the weights")
         self.rpcs.append((method, args))
         return [args[0]]
+
+    async def add_lora(self, lora_request: Any) -> bool:
+        if self.fail_rpc:
+            raise RuntimeError("engine refused the adapter")
+        self.loras.append(lora_request)
+        return True
 
     def shutdown(self) -> None:
         self.shut_down = True

@@ -21,9 +21,9 @@ from pipeline.config import load_config  # noqa: E402
 from pipeline.job import build_suite, load, run_job  # noqa: E402
 from pipeline.profiling import load_report  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
-from stages.policy.vllm import build_policy  # noqa: E402
+from stages.policy.vllm import VllmOptions, build_policy  # noqa: E402
 from stages.policy.vllm._learner import CausalLMTrainable  # noqa: E402
-from stages.policy.vllm._make_model import ModelShape, make_model  # noqa: E402
+from stages.policy.vllm._make_model import UNTRAINED, ModelShape, make_model  # noqa: E402
 from stages.policy.vllm._server import VllmPolicy, sampling_params  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -36,7 +36,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("models") / "tiny-llama"
     cfg = load_config(None, [])
     make_model(out, build_suite(cfg), shape=ModelShape(layers=2, hidden=64, heads=2, intermediate=128),
-               demos=0, epochs=0, lr=1e-3, batch_size=8, seed=0)
+               bc=UNTRAINED, prompt_options=VllmOptions(), seed=0)
     return out
 
 
@@ -57,7 +57,7 @@ async def test_generate_returns_ids_and_the_learners_logprobs(policy: VllmPolicy
         assert r.token_ids and len(r.logprobs) == len(r.token_ids) and r.policy_version == policy.version
         assert len(r.token_ids) <= policy.sampling.max_new_tokens
     learner = policy.trainable()
-    new, mask = learner.completion_logprobs([r.prompt_ids for r in results], [r.token_ids for r in results])
+    new, mask, _ = learner.completion_logprobs([r.prompt_ids for r in results], [r.token_ids for r in results])
     for i, r in enumerate(results):
         ratio = torch.exp(new[i, : len(r.token_ids)] - torch.tensor(r.logprobs))
         assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-3), ratio  # same weights -> ratio 1
@@ -105,8 +105,49 @@ async def test_weight_update_changes_outputs_and_bumps_the_version(policy: VllmP
     assert new.token_ids != old.token_ids or new.logprobs != pytest.approx(old.logprobs, abs=1e-3)
     # The learner's copy starts from the synced weights; greedy results are scored at temperature 1.
     synced = CausalLMTrainable(policy.trainable().lm, temperature=0.0, top_p=1.0)
-    logp, _ = synced.completion_logprobs([new.prompt_ids], [new.token_ids])
+    logp, _, _ = synced.completion_logprobs([new.prompt_ids], [new.token_ids])
     assert logp[0, : len(new.token_ids)].tolist() == pytest.approx(new.logprobs, abs=1e-3)
+
+
+@pytest.fixture(scope="module")
+def lora_policy(model_dir: Path) -> Iterator[VllmPolicy]:
+    pytest.importorskip("peft", reason="LoRA needs peft (the lora extra; .ci/vllm-cpu installs it)")
+    cfg = load_config(None, [
+        "policy.backend=vllm", f"policy.model={json.dumps(str(model_dir))}",
+        "policy.options.lora_rank=8", "policy.options.lora_alpha=16",
+    ])
+    built = build_policy(cfg.policy, cfg.pretrain, build_suite(cfg), seed=0)
+    yield built
+    built.close()
+
+
+async def test_lora_update_changes_outputs_and_bumps_the_version(lora_policy: VllmPolicy) -> None:
+    policy = lora_policy
+    learner = policy.trainable()
+    names = [n for n, p in learner.lm.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n for n in names)  # the learner trains the adapter only
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for p in learner.parameters():
+            p.add_(0.5 * torch.randn_like(p))  # B leaves 0: the adapter now changes the model
+    async with trio.open_nursery() as nursery:
+        await nursery.start(policy.serve)
+        old = await policy.act(CTX, greedy=True)
+        version = policy.version + 1
+        policy.load_weights(version, learner.state_dict())
+        assert await trio.to_thread.run_sync(policy.wait_synced) == version
+        new = await policy.act(CTX, greedy=True)
+        sampled = await policy.act(CTX)
+        nursery.cancel_scope.cancel()
+    assert (old.policy_version, new.policy_version, sampled.policy_version) == (version - 1, version, version)
+    assert new.token_ids != old.token_ids or new.logprobs != pytest.approx(old.logprobs, abs=1e-3)
+    # vLLM's LoRA kernels and peft compute the same model: the engine's log-probs are the learner's.
+    greedy = CausalLMTrainable(policy.trainable().lm, temperature=0.0, top_p=1.0, lora=policy.lora)
+    logp = greedy.completion_logprobs([new.prompt_ids], [new.token_ids]).logprobs
+    assert logp[0, : len(new.token_ids)].tolist() == pytest.approx(new.logprobs, abs=1e-3)
+    ratio = torch.exp(policy.trainable().completion_logprobs([sampled.prompt_ids], [sampled.token_ids]).logprobs[0]
+                      - torch.tensor(sampled.logprobs))
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-3), ratio
 
 
 async def test_pipeline_runs_and_the_gate_cut_aborts_engine_requests(model_dir: Path, tmp_path: Path) -> None:

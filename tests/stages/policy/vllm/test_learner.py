@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from stages.policy.sampling import sampled_logprobs
 from stages.policy.torch_tiny._generate import choose_tokens
-from stages.policy.vllm._learner import LOGPROB_FLOOR, processed_logprobs
+from stages.policy.vllm._learner import processed_logprobs
 
 
 def test_top_p_keeps_the_same_nucleus_as_the_torch_sampler() -> None:
@@ -50,11 +51,23 @@ def test_completion_logprobs_of_a_transformers_model_are_finite_and_masked() -> 
     cfg = transformers.LlamaConfig(vocab_size=20, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                    num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
     model = CausalLMTrainable(transformers.LlamaForCausalLM(cfg), temperature=0.7, top_p=0.5)
-    logp, mask = model.completion_logprobs([[1, 2, 3], [4]], [[5, 6], [7, 8, 9]])  # [2, 3]
+    logp, mask, entropy = model.completion_logprobs([[1, 2, 3], [4]], [[5, 6], [7, 8, 9]])  # [2, 3]
     assert mask.tolist() == [[1, 1, 0], [1, 1, 1]]
-    assert bool(torch.isfinite(logp).all()) and logp[0, 2] == 0 and bool((logp >= LOGPROB_FLOOR).all())
+    assert bool(torch.isfinite(logp).all()) and logp[0, 2] == 0 and entropy[0, 2] == 0
+    assert bool((entropy[mask.bool()] >= 0).all())
     logp.sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     # the same completion alone gives the same numbers (right padding does not leak)
-    alone, _ = model.completion_logprobs([[1, 2, 3]], [[5, 6]])
+    alone = model.completion_logprobs([[1, 2, 3]], [[5, 6]]).logprobs
     assert torch.allclose(alone[0, :2], logp[0, :2], atol=1e-5)
+
+
+def test_vllm_rule_and_the_shared_rule_agree_on_every_kept_token() -> None:
+    torch.manual_seed(1)
+    logits = torch.randn(32, 40) * 2  # [B, V]
+    vllm = processed_logprobs(logits, temperature=0.7, top_p=0.9)  # [B, V]
+    tokens = torch.arange(40).expand(32, 40)  # [B, V] every token scored
+    shared = sampled_logprobs(logits[:, None, :].expand(-1, 40, -1), tokens, temperature=0.7, top_p=0.9)  # [B, V]
+    kept = torch.isfinite(vllm)
+    assert torch.allclose(shared[kept], vllm[kept], atol=1e-5)
+    assert bool(torch.isfinite(shared).all())  # a token outside the nucleus is scored, not -inf

@@ -62,3 +62,9 @@ def test_chat_template_path_with_a_real_tokenizer(tmp_path) -> None:  # noqa: AN
     assert tokens.count("<obs>") == 2 and tokens.count("<act>") == 2
     assert prompt.stop_token_ids() == [tok.eos_token_id, tok.convert_tokens_to_ids("\n")]
     assert tok.decode(prompt.completion("take mug 1"), skip_special_tokens=True) == "take mug 1"
+    # The fast path (render, then the Rust backend) gives exactly the ids apply_chat_template gives.
+    messages = [{"role": "system", "content": ctx.task}, {"role": "user", "content": "You arrive."},
+                {"role": "assistant", "content": "look"}, {"role": "user", "content": ctx.observation}]
+    expected = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    expected = expected["input_ids"] if hasattr(expected, "keys") else expected
+    assert prompt.build(ctx) == list(expected)
