@@ -151,14 +151,8 @@ def warm_start(
 
     Returns the BC report (losses, wall time, held-out success, group composition).
     """
-    expert = suite if isinstance(suite, RecoveringExpert) else None
-    if pretrain.dagger_rounds and expert is None:
-        raise ValueError(
-            f"pretrain.dagger_rounds needs a suite whose expert acts from any state; {suite.name!r} has none"
-        )
+    expert = _recovering_expert(suite, pretrain)
     noise = pretrain.noise if expert is not None else 0.0
-    if pretrain.noise > 0 and expert is None:  # the default noise must not break suites without one
-        log.warning("policy.bc.noise_ignored", suite=suite.name, reason="the suite's expert cannot act from any state")
     demo_tasks = list(suite.tasks("train"))[: pretrain.demos]
     episodes, failed = collect_demos(suite, demo_tasks, fmt, noise=noise, seed=seed)
     if failed and noise == 0:
@@ -167,23 +161,11 @@ def warm_start(
     key = cache_key(suite, fmt, model.cfg, opts, pretrain, seed, demos)
     path = cache_dir / f"torch_tiny-{suite.name}-{key[:16]}.pt"
     if path.exists():
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-        model.load_state_dict(saved["state"])
-        report = json.loads(saved["report"])
-        log.info("policy.bc.cache_hit", path=str(path), **report)
-        report_progress("warm start: cached", 1, 1, _summary(report), final=True)
-        return report
-
+        return _load_cached(model, path)
     packs = [p for episode in episodes for p in pack_episode(episode)]
     log.info(
-        "policy.bc.start",
-        steps=len(demos),
-        tasks=len(demo_tasks),
-        noisy_episodes_lost=failed if noise > 0 else 0,
-        sequences=len(packs),
-        tokens=sum(len(p.ids) for p in packs),
-        epochs=pretrain.epochs,
-        path=str(path),
+        "policy.bc.start", steps=len(demos), tasks=len(demo_tasks), noisy_episodes_lost=failed if noise > 0 else 0,
+        sequences=len(packs), tokens=sum(len(p.ids) for p in packs), epochs=pretrain.epochs, path=str(path),
     )
     previous_threads = torch.get_num_threads()
     if opts.bc_threads > 0:
@@ -191,12 +173,7 @@ def warm_start(
     try:
         started = time.perf_counter()
         losses = train_bc(
-            model,
-            packs,
-            epochs=pretrain.epochs,
-            lr=pretrain.lr,
-            batch_size=pretrain.batch_size,
-            seed=seed,
+            model, packs, epochs=pretrain.epochs, lr=pretrain.lr, batch_size=pretrain.batch_size, seed=seed,
             max_updates=opts.bc_max_updates,
         )
         report: dict[str, Any] = {"losses": [round(x, 4) for x in losses]}
@@ -206,15 +183,38 @@ def warm_start(
         report |= bc_report(model, fmt, suite, sampling, opts, seed=seed)
     finally:
         torch.set_num_threads(previous_threads)
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    _save(model, fmt, report, path)
+    return report
+
+
+def _recovering_expert(suite: EnvSuite, pretrain: PretrainSection) -> RecoveringExpert | None:
+    """The suite as an expert that acts from any state (noise, DAgger), or None; refuses DAgger without one."""
+    expert = suite if isinstance(suite, RecoveringExpert) else None
+    if pretrain.dagger_rounds and expert is None:
+        raise ValueError(
+            f"pretrain.dagger_rounds needs a suite whose expert acts from any state; {suite.name!r} has none"
+        )
+    if pretrain.noise > 0 and expert is None:  # the default noise must not break suites without one
+        log.warning("policy.bc.noise_ignored", suite=suite.name, reason="the suite's expert cannot act from any state")
+    return expert
+
+
+def _load_cached(model: TinyLM, path: Path) -> dict[str, Any]:
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(saved["state"])
+    report = json.loads(saved["report"])
+    log.info("policy.bc.cache_hit", path=str(path), **report)
+    report_progress("warm start: cached", 1, 1, _summary(report), final=True)
+    return report
+
+
+def _save(model: TinyLM, fmt: PromptFormat, report: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save(
-        {"state": model.state_dict(), "report": json.dumps(report), "tokenizer": fmt.tokenizer.to_json()}, tmp
-    )
+    torch.save({"state": model.state_dict(), "report": json.dumps(report), "tokenizer": fmt.tokenizer.to_json()}, tmp)
     os.replace(tmp, path)  # atomic: a concurrent run never reads half a file
     log.info("policy.bc.done", path=str(path), **report)
     report_progress("warm start: done", 1, 1, _summary(report), final=True)
-    return report
 
 
 def _summary(report: dict[str, Any]) -> str:

@@ -30,7 +30,7 @@ from pipeline.progress import report
 from stages.envs.base import EnvSuite, RecoveringExpert, Task
 from stages.policy.base import AgentContext
 
-from ._generate import generate
+from ._generate import Sample, generate
 from ._model import TinyLM
 from ._prompt import PromptFormat, parse_action
 from ._server import SamplingConfig, request_uniforms
@@ -199,13 +199,8 @@ def train_bc(
         epoch_nll, epoch_tokens = 0.0, 0
         batches = _batches(packs, batch_size, gen)
         for b, batch in enumerate(batches):
-            batch_nll, count = nll(model, batch)
-            opt.zero_grad(set_to_none=True)
-            (batch_nll / count).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            epoch_nll += float(batch_nll.detach())
+            batch_nll, count = _bc_step(model, batch, nll, opt, sched)
+            epoch_nll += batch_nll
             epoch_tokens += count
             step += 1
             report(
@@ -230,6 +225,23 @@ def train_bc(
             break
     model.eval()
     return losses
+
+
+def _bc_step(
+    model: TinyLM,
+    batch: Sequence[Packed],
+    nll: Callable[[Any, Sequence[Packed]], tuple[torch.Tensor, int]],
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
+) -> tuple[float, int]:
+    """One optimizer step on the batch's mean per-token NLL; returns (summed NLL, tokens)."""
+    batch_nll, count = nll(model, batch)
+    opt.zero_grad(set_to_none=True)
+    (batch_nll / count).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    return float(batch_nll.detach()), count
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,20 +292,7 @@ def rollout_lockstep(
             uniforms = torch.stack(
                 [request_uniforms(seed, i * suite.max_steps + step, sampling.max_new_tokens) for i in live]
             )  # [B, N]
-            samples_out = []
-            for b in range(0, len(live), sampling.max_batch):
-                samples_out += generate(
-                    model,
-                    prompts[b : b + sampling.max_batch],
-                    uniforms=uniforms[b : b + sampling.max_batch],
-                    greedy=[greedy] * len(prompts[b : b + sampling.max_batch]),
-                    max_new_tokens=sampling.max_new_tokens,
-                    temperature=sampling.temperature,
-                    top_p=sampling.top_p,
-                    stop_ids=(tok.eos_id, tok.nl_id),
-                    choices=[sampling.choices(fmt, obs[i].admissible) for i in live[b : b + sampling.max_batch]]
-                    if sampling.choose_admissible else None,
-                )
+            samples_out = _decode(model, fmt, sampling, prompts, uniforms, greedy, [obs[i].admissible for i in live])
             still = []
             for i, prompt, sample in zip(live, prompts, samples_out, strict=True):
                 if expert is not None:
@@ -319,6 +318,33 @@ def rollout_lockstep(
         Episode(task, won[i], len(history[i]), tuple(a for _, a in history[i]), tuple(labelled[i]))
         for i, (task, _) in enumerate(runs)
     ]
+
+
+def _decode(
+    model: TinyLM,
+    fmt: PromptFormat,
+    sampling: SamplingConfig,
+    prompts: Sequence[list[int]],
+    uniforms: torch.Tensor,  # [B, N]
+    greedy: bool,
+    admissible: Sequence[Sequence[str]],
+) -> list[Sample]:
+    """One action per prompt, decoded in batches of `sampling.max_batch` as the policy server would."""
+    out: list[Sample] = []
+    for b in range(0, len(prompts), sampling.max_batch):
+        rows = slice(b, b + sampling.max_batch)
+        out += generate(
+            model,
+            prompts[rows],
+            uniforms=uniforms[rows],
+            greedy=[greedy] * len(prompts[rows]),
+            max_new_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            stop_ids=(fmt.tokenizer.eos_id, fmt.tokenizer.nl_id),
+            choices=[sampling.choices(fmt, a) for a in admissible[rows]] if sampling.choose_admissible else None,
+        )
+    return out
 
 
 @dataclass(frozen=True, slots=True)
