@@ -14,6 +14,8 @@ from typing import Any
 
 import msgspec
 
+from .curve import curve_problems
+
 
 class ConfigError(Exception):
     """A configuration with one or more problems; `problems` lists each one."""
@@ -198,8 +200,11 @@ class TransportSection(_Section):
     """After the last update, how long custom stages get to read the event stream up to `PhaseFinished`
     and return before they are cancelled."""
     allow_remote: bool = False
-    """Allow tcp addresses other than loopback (the sockets then accept frames from other hosts, which
-    nothing authenticates yet; see docs/architecture.md, "Transport security")."""
+    """Allow tcp addresses other than loopback without CURVE (the sockets then accept frames from any
+    host; see docs/architecture.md, "Transport security")."""
+    curve_dir: str = ""
+    """A keys folder from `python run.py keys DIR`: every tcp socket then uses ZeroMQ CURVE and admits
+    only the public keys in DIR/authorized/ (pipeline/curve.py); non-loopback binds are then allowed."""
 
 
 class ProfileSection(_Section):
@@ -346,7 +351,7 @@ def _range_problems(cfg: RunConfig) -> list[str]:
         (cfg.transport.drain_s >= 0, "transport.drain_s must be >= 0"),
         (cfg.profile.gpu_sample_hz > 0, "profile.gpu_sample_hz must be > 0"),
     ]
-    return [msg for ok, msg in checks if not ok] + _remote_problems(cfg.transport)
+    return [msg for ok, msg in checks if not ok] + _remote_problems(cfg.transport) + curve_problems(cfg.transport.curve_dir)
 
 
 _LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "::1")
@@ -357,12 +362,13 @@ def _remote_problems(t: TransportSection) -> list[str]:
     problems = []
     for key in ("steps", "control", "results", "events"):
         address: str = getattr(t, key)
-        if address.startswith("tcp://") and not t.allow_remote:
+        if address.startswith("tcp://") and not t.allow_remote and not t.curve_dir:
             host = address[len("tcp://") :].rsplit(":", 1)[0]
             if host not in _LOOPBACK:
                 problems.append(
                     f"transport.{key}: {address} accepts frames from other hosts; bind tcp://127.0.0.1:PORT, or set "
-                    "transport.allow_remote = true (nothing authenticates remote peers yet, see docs/architecture.md)"
+                    "transport.curve_dir (keys from `python run.py keys DIR`), or transport.allow_remote = true to "
+                    "accept any host (see docs/architecture.md, \"Transport security\")"
                 )
     return problems
 

@@ -305,7 +305,7 @@ async def run_grpo(
                 await _apply_cut(decision, rollout, tally)
                 await events_send.send(decision)
 
-    async with open_context() as zmq:
+    async with open_context(t.curve_dir) as zmq:  # CURVE on tcp sockets when keys are configured
         stage_ctx = StageContext(zmq=zmq, addresses=t, run_dir=run_dir, profiler=profiler)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_monitor_loop_lag, tally)
