@@ -49,7 +49,9 @@ MODES = {
     "arenas": ["run.malloc_arenas=2", "run.flat_memory=false"],
     "mmap": ["run.malloc_arenas=0", "run.flat_memory=true"],
     "trim": ["run.malloc_arenas=0", "run.flat_memory=false"],  # + malloc_trim(0) at every learner update
+    "arenas_env": ["run.malloc_arenas=0", "run.flat_memory=false"],  # MALLOC_ARENA_MAX=2 from process start (--compare)
 }
+ENV = {"arenas_env": {"MALLOC_ARENA_MAX": "2"}}
 PROBE: dict[str, object] = {}
 
 
@@ -146,7 +148,8 @@ def compare(args: argparse.Namespace) -> float:
     """One process per mode, all at once; prints a table and returns the first mode's growth."""
     modes = args.compare.split(",")
     procs = [subprocess.Popen([sys.executable, __file__, "--steps", str(args.steps), "--malloc", mode, "--json",
-                               *(f"--set={o}" for o in args.overrides)], stdout=subprocess.PIPE, text=True) for mode in modes]
+                               *(f"--set={o}" for o in args.overrides)], stdout=subprocess.PIPE, text=True,
+                              env=os.environ | ENV.get(mode, {})) for mode in modes]
     results = []
     for mode, proc in zip(modes, procs, strict=True):
         out, _ = proc.communicate()
