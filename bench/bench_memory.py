@@ -9,10 +9,11 @@ process's resident set size (/proc/self/statm) each time the count passes a mult
 run at 10 N. The last line is `rss_growth=<fraction>` = (RSS at 10 N - RSS at N) / RSS at N; goal <= 0.05.
 `env_steps_per_s` is the speed between the N and 10 N readings (after start-up).
 
---malloc picks glibc's settings (pipeline/memory.py); `run` (the default) is what `run.py` does with the
-configuration (`run.malloc_arenas`, `run.flat_memory`), the others force one: `glibc` (glibc's defaults),
-`arenas` (2 malloc arenas), `mmap` (the fixed mmap threshold), `trim` (glibc's defaults and malloc_trim
-after every learner update). --compare runs one process per mode
+--malloc picks glibc's settings (pipeline/memory.py): `flat` (the default: `run.flat_memory = true`, the
+fixed mmap threshold, with the configured arena cap), `run` (what `run.py` does with the configuration as
+given: 2 arenas, no fixed threshold), `glibc` (glibc's defaults), `arenas` (2 malloc arenas only), `mmap`
+(the fixed threshold only), `trim` (glibc's defaults and malloc_trim after every learner update),
+`arenas_env` (MALLOC_ARENA_MAX=2 from process start; --compare only). --compare runs one process per mode
 at the same time (noise hits all of them) and prints each one's growth and its speed relative to the first.
 Structures that grow with run length (lists of every sample, unbounded queues) show up here as growth;
 --tracemalloc and --objects show Python allocations and object types that grew between N and 10 N.
@@ -44,7 +45,8 @@ from pipeline.progress import Progress  # noqa: E402
 from pipeline.stage import StageContext  # noqa: E402
 
 MODES = {
-    "run": [],  # what the configuration says (malloc_arenas = 2 by default)
+    "flat": ["run.flat_memory=true"],  # the fixed mmap threshold on top of the configured arena cap
+    "run": [],  # what the configuration says (malloc_arenas = 2, flat_memory off by default)
     "glibc": ["run.malloc_arenas=0", "run.flat_memory=false"],
     "arenas": ["run.malloc_arenas=2", "run.flat_memory=false"],
     "mmap": ["run.malloc_arenas=0", "run.flat_memory=true"],
@@ -166,7 +168,7 @@ def compare(args: argparse.Namespace) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=2000, help="N: the first reading is after N env steps")
-    parser.add_argument("--malloc", choices=MODES, default="run", help="glibc malloc settings (see above)")
+    parser.add_argument("--malloc", choices=MODES, default="flat", help="glibc malloc settings (see above)")
     parser.add_argument("--compare", metavar="MODE,MODE", help="run these modes side by side, one process each")
     parser.add_argument("--tracemalloc", action="store_true", help="also print the Python allocations that grew most")
     parser.add_argument("--objects", action="store_true", help="also print the object types whose count grew most")
