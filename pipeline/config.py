@@ -49,13 +49,12 @@ class RunSection(_Section):
     """Write checkpoints/state.pt every this many learner updates (0 = only at the end and on Ctrl-C);
     `python run.py resume RUN_DIR` continues from it."""
     malloc_arenas: int = 2
-    """Cap glibc's malloc arenas (pipeline/memory.py; 0 = glibc's default of 8 per core). Keeps RSS flat
-    over long runs at no speed cost: bench_memory, 1,000 -> 10,000 env steps side by side, rss_growth 0.01
-    and 15.1 env-steps/s with 2 arenas against 0.52 and 15.0 with glibc's default."""
+    """Cap glibc's malloc arenas (pipeline/memory.py; 0 = glibc's default of 8 per core): RSS creeps about
+    half as fast (bench_memory rss_growth 0.01-0.26 against 0.45-0.52), at glibc's speed."""
     flat_memory: bool = False
-    """Also fix glibc's mmap threshold, so freed tensors go straight back to the OS: RSS ~40 % lower (373 MB
-    against 641 MB with 2 arenas after 1,000 env steps) and flat, but ~20 % slower (12.1 against 15.1
-    env-steps/s side by side: a page-faulting mmap per large tensor). For memory-bound runs."""
+    """Also fix glibc's mmap threshold, so freed tensors go straight back to the OS: flat RSS (bench_memory
+    rss_growth -0.04 to -0.02 from 1,000 to 10,000 env steps) ~40 % lower, but up to ~20 % slower (0.80-0.98x
+    env-steps/s side by side: a page-faulting mmap per large tensor). Turn it on for runs of hours."""
 
 
 class EnvSection(_Section):

@@ -1,21 +1,26 @@
 """Process memory: peak RSS for the summary, and glibc malloc settings that keep RSS from creeping.
 
-Where it went (bench/bench_memory.py, default config, readings at 1,000 and 10,000 env steps, four
-processes side by side): Python objects barely grow (tracemalloc: ~1 MB over 2,640 steps, profiler spans
-and in-flight frames; gc object counts flat but for ~2 span tuples per env step). RSS growth is glibc heap
-fragmentation: torch's short-lived tensors (KV caches, activations, weight snapshots) of varying sizes are
-allocated and freed by several threads (policy, learner, Trio's worker threads, torch's), each with an
-arena of its own (glibc allows 8 per core), and every arena keeps its own high-water mark of holes.
+Where it went (bench/bench_memory.py, default config, RSS at N and 10 N env steps): Python objects barely
+grow (tracemalloc: ~1 MB over 2,640 steps, profiler spans and in-flight frames; gc object counts flat but
+for ~2 span tuples per env step). RSS growth is glibc heap fragmentation: torch's short-lived tensors (KV
+caches, activations, weight snapshots) of varying sizes are allocated and freed by several threads
+(policy, learner, Trio's worker threads, torch's), each with an arena of its own (glibc allows 8 per
+core), and every arena keeps the high-water mark of its holes.
+
+Side by side (--compare, N = 1,000, four processes at nice 19 beside other work):
 
     glibc defaults                  RSS 625 -> 950 MB  rss_growth 0.52   15.0 env-steps/s
-    M_ARENA_MAX = 2                 RSS 641 -> 650 MB  rss_growth 0.01   15.1 env-steps/s   (run.malloc_arenas, default)
+    M_ARENA_MAX = 2                 RSS 641 -> 650 MB  rss_growth 0.01   15.1 env-steps/s
     M_MMAP_THRESHOLD = 128 KiB      RSS 373 -> 366 MB  rss_growth -0.02  12.1 env-steps/s   (run.flat_memory)
     M_MMAP_THRESHOLD = 1 MiB        RSS 383 -> 369 MB  rss_growth -0.04  12.2 env-steps/s
-    malloc_trim(0) at every update  RSS 685 -> 1000 MB rss_growth 0.46   (no better than the defaults)
 
-Capping the arenas makes the threads share two heaps whose holes get reused: flat at no cost. A fixed mmap
-threshold (M_TRIM_THRESHOLD would do the same: setting either turns glibc's *dynamic* threshold off) sends
-every large tensor to its own mmap, returned to the OS on free: ~40 % less RSS, ~20 % slower (a page-faulting
+and in other runs: malloc_trim(0) at every update 0.46 (three processes, N = 1,000: no better than the
+defaults, glibc 0.45 there); 2 arenas alone 0.23 (one process, N = 1,000) and 0.18 / 0.26 set in run_job /
+from process start (N = 500), so the cap slows the creep but does not stop it; the fixed threshold's speed
+was 0.98x, 0.80x and 0.90x of the others in three comparisons. So `run.malloc_arenas = 2` is on by default
+(less growth, no speed cost seen) and the fixed mmap threshold (`run.flat_memory`; M_TRIM_THRESHOLD would
+do the same, since setting either turns glibc's *dynamic* threshold off) is what keeps RSS flat: every large
+tensor gets its own mmap, returned to the OS on free, ~40 % less RSS, up to ~20 % slower (a page-faulting
 mmap per tensor). malloc_trim gives back only whole free pages, and the holes are not.
 """
 
