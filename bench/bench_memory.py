@@ -11,7 +11,7 @@ run at 10 N. The last line is `rss_growth=<fraction>` = (RSS at 10 N - RSS at N)
 
 --malloc picks glibc's settings (pipeline/memory.py): `flat` (the default: `run.flat_memory = true`, the
 fixed mmap threshold, with the configured arena cap), `run` (what `run.py` does with the configuration as
-given: 2 arenas, no fixed threshold), `glibc` (glibc's defaults), `arenas` (2 malloc arenas only), `mmap`
+given: by default glibc's settings), `glibc` (glibc's defaults), `arenas` (2 malloc arenas only), `mmap`
 (the fixed threshold only), `trim` (glibc's defaults and malloc_trim after every learner update),
 `arenas_env` (MALLOC_ARENA_MAX=2 from process start; --compare only). --compare runs one process per mode
 at the same time (noise hits all of them) and prints each one's growth and its speed relative to the first.
@@ -46,7 +46,7 @@ from pipeline.stage import StageContext  # noqa: E402
 
 MODES = {
     "flat": ["run.flat_memory=true"],  # the fixed mmap threshold on top of the configured arena cap
-    "run": [],  # what the configuration says (malloc_arenas = 2, flat_memory off by default)
+    "run": [],  # what the configuration says (glibc's defaults unless run.malloc_arenas / run.flat_memory)
     "glibc": ["run.malloc_arenas=0", "run.flat_memory=false"],
     "arenas": ["run.malloc_arenas=2", "run.flat_memory=false"],
     "mmap": ["run.malloc_arenas=0", "run.flat_memory=true"],

@@ -48,9 +48,10 @@ class RunSection(_Section):
     checkpoint_every: int = 1
     """Write checkpoints/state.pt every this many learner updates (0 = only at the end and on Ctrl-C);
     `python run.py resume RUN_DIR` continues from it."""
-    malloc_arenas: int = 2
-    """Cap glibc's malloc arenas (pipeline/memory.py; 0 = glibc's default of 8 per core): RSS creeps about
-    half as fast (bench_memory rss_growth 0.01-0.26 against 0.45-0.52), at glibc's speed."""
+    malloc_arenas: int = 0
+    """Cap glibc's malloc arenas (pipeline/memory.py; 0 = glibc's default of 8 per core). Measured, not
+    adopted: bench_memory rss_growth 0.01-0.41 in five runs with 2 arenas against 0.45-0.52 with glibc's
+    defaults, at the same speed: it slows the creep unreliably; `flat_memory` stops it."""
     flat_memory: bool = False
     """Also fix glibc's mmap threshold, so freed tensors go straight back to the OS: flat RSS (bench_memory
     rss_growth -0.04 to -0.02 from 1,000 to 10,000 env steps) ~40 % lower, but up to ~20 % slower (0.80-0.98x

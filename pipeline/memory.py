@@ -15,10 +15,10 @@ Side by side (--compare, N = 1,000, four processes at nice 19 beside other work)
     M_MMAP_THRESHOLD = 1 MiB        RSS 383 -> 369 MB  rss_growth -0.04  12.2 env-steps/s
 
 and in other runs: malloc_trim(0) at every update 0.46 (three processes, N = 1,000: no better than the
-defaults, glibc 0.45 there); 2 arenas alone 0.23 (one process, N = 1,000) and 0.18 / 0.26 set in run_job /
-from process start (N = 500), so the cap slows the creep but does not stop it; the fixed threshold's speed
-was 0.98x, 0.80x and 0.90x of the others in three comparisons. So `run.malloc_arenas = 2` is on by default
-(less growth, no speed cost seen) and the fixed mmap threshold (`run.flat_memory`; M_TRIM_THRESHOLD would
+defaults, glibc 0.45 there); 2 arenas alone 0.23 (one process, N = 1,000), 0.18 / 0.26 set in run_job /
+from process start (N = 500) and 0.41 (beside flat: -0.05 at 0.86x its speed, N = 1,000), so the cap does
+not stop the creep and `run.malloc_arenas` stays off by default; the fixed threshold's speed was 0.98x,
+0.80x, 0.90x and 0.86x of the others in four comparisons. The fixed mmap threshold (`run.flat_memory`; M_TRIM_THRESHOLD would
 do the same, since setting either turns glibc's *dynamic* threshold off) is what keeps RSS flat: every large
 tensor gets its own mmap, returned to the OS on free, ~40 % less RSS, up to ~20 % slower (a page-faulting
 mmap per tensor). malloc_trim gives back only whole free pages, and the holes are not.
@@ -51,7 +51,7 @@ def _libc() -> ctypes.CDLL | None:
     return libc
 
 
-def tune_malloc(*, arenas: int = 2, fixed_mmap: bool = False) -> dict[str, bool]:
+def tune_malloc(*, arenas: int = 0, fixed_mmap: bool = False) -> dict[str, bool]:
     """Cap glibc's malloc arenas (`arenas` > 0) and fix its mmap threshold (`fixed_mmap`); call before the
     threads and tensors exist. Returns what was applied (nothing off glibc, e.g. musl or macOS)."""
     applied = {"arenas": False, "fixed_mmap": False}
