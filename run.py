@@ -9,6 +9,7 @@
     python run.py resume runs/default              # continue a stopped run from its folder (--set allowed)
     python run.py ab --arms gate,async-grpo --seeds 0,1,2   # A/B study of preset arms (docs/ab.md; `ab --help`)
     python run.py make-model models/tiny-llama     # a small local Llama + tokenizer for policy.backend=vllm
+    python run.py keys keys/                       # ZeroMQ CURVE key pairs for transport.curve_dir
 
 Ctrl-C (or SIGTERM) stops a run within seconds with a checkpoint written; a second Ctrl-C exits at once.
 Exit codes: 0 done, 1 a stage failed (one message naming it; the checkpoint is kept), 2 bad configuration
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         from stages.policy.vllm import make_model_main
 
         return make_model_main(argv[1:])
+    if argv[:1] == ["keys"]:
+        return _keys(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "profile":
         return _profile(args.run_dir)
@@ -195,6 +198,24 @@ def _profile(run_dir: str | None) -> int:
         print(f"run.py profile: cannot read {folder / 'profile_table.json'}: {exc}", file=sys.stderr)
         return 2
     print(report.table_markdown())
+    return 0
+
+
+def _keys(argv: list[str]) -> int:
+    if len(argv) != 1 or argv[0].startswith("-"):
+        print("usage: run.py keys DIR  (writes CURVE key pairs for `--set transport.curve_dir=DIR`)", file=sys.stderr)
+        return 2
+    from pipeline.curve import make_keys
+
+    try:
+        written = make_keys(argv[0])
+    except OSError as exc:
+        print(f"run.py keys: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(str(p) for p in written))
+    print(f"--set transport.curve_dir={_toml_str(argv[0])} turns CURVE on; a peer on another host needs client.key_secret "
+          "and server.key (never server.key_secret); to admit a peer with a key pair of its own, put its public .key "
+          "file in authorized/")
     return 0
 
 

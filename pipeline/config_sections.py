@@ -11,6 +11,8 @@ from typing import Any
 
 import msgspec
 
+from .curve import curve_problems
+
 
 class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     def problems(self) -> list[str]:
@@ -44,12 +46,14 @@ class RunSection(_Section):
     checkpoint_every: int = 1
     """Write checkpoints/state.pt every this many learner updates (0 = only at the end and on Ctrl-C);
     `python run.py resume RUN_DIR` continues from it."""
+    malloc_arenas: int = 0
+    """Cap glibc's malloc arenas (pipeline/memory.py; 0 = glibc's default of 8 per core). Measured, not
+    adopted: bench_memory rss_growth 0.01-0.41 in five runs with 2 arenas against 0.45-0.52 with glibc's
+    defaults, at the same speed: it slows the creep unreliably; `flat_memory` stops it."""
     flat_memory: bool = False
-    """Fix glibc's mmap threshold so freed tensors go back to the OS and RSS stays flat over long runs
-    (pipeline/memory.py: rss_growth 0.08 instead of 0.36). Off by default because it costs speed: ~25 %
-    slower decoding in a micro-benchmark (64 x 180-token prompts, 10 batches: 10.4-11.0 s against 8.2-8.8 s),
-    and the default run made 63 env-steps/s with it against 103-109 in bench_workers' one-worker arm
-    without it. Turn it on for runs of hours."""
+    """Also fix glibc's mmap threshold, so freed tensors go straight back to the OS: flat RSS (bench_memory
+    rss_growth -0.04 to -0.02 from 1,000 to 10,000 env steps) ~40 % lower, but up to ~20 % slower (0.80-0.98x
+    env-steps/s side by side: a page-faulting mmap per large tensor). Turn it on for runs of hours."""
 
     def problems(self) -> list[str]:
         return _failed(
@@ -58,6 +62,7 @@ class RunSection(_Section):
             (self.torch_threads >= 1, "run.torch_threads must be >= 1"),
             (self.checkpoint_every >= 0, "run.checkpoint_every must be >= 0"),
             (0 <= self.target_heldout <= 1, "run.target_heldout must be in [0, 1]"),
+            (self.malloc_arenas >= 0, "run.malloc_arenas must be >= 0 (0 = glibc's default)"),
         )
 
 
@@ -294,27 +299,31 @@ class TransportSection(_Section):
     """After the last update, how long custom stages get to read the event stream up to `PhaseFinished`
     and return before they are cancelled."""
     allow_remote: bool = False
-    """Allow tcp addresses other than loopback (the sockets then accept frames from other hosts, which
-    nothing authenticates yet; see docs/architecture.md, "Transport security")."""
+    """Allow tcp addresses other than loopback without CURVE (the sockets then accept frames from any
+    host; see docs/architecture.md, "Transport security")."""
+    curve_dir: str = ""
+    """A keys folder from `python run.py keys DIR`: every tcp socket then uses ZeroMQ CURVE and admits
+    only the public keys in DIR/authorized/ (pipeline/curve.py); non-loopback binds are then allowed."""
 
     def problems(self) -> list[str]:
         return _failed(
             (self.hwm >= 1, "transport.hwm must be >= 1"),
             (self.drain_s >= 0, "transport.drain_s must be >= 0"),
             (self.mode in ("threads", "processes"), f"transport.mode must be threads or processes, got {self.mode!r}"),
-        ) + self._remote_problems()
+        ) + self._remote_problems() + curve_problems(self.curve_dir)
 
     def _remote_problems(self) -> list[str]:
         """Every socket of the pipeline is bound in this process: a tcp address must be loopback unless told."""
         problems = []
         for key in ("steps", "control", "results", "events", "reports"):
             address: str = getattr(self, key)
-            if address.startswith("tcp://") and not self.allow_remote:
+            if address.startswith("tcp://") and not self.allow_remote and not self.curve_dir:
                 host = address[len("tcp://") :].rsplit(":", 1)[0]
                 if host not in _LOOPBACK:
                     problems.append(
                         f"transport.{key}: {address} accepts frames from other hosts; bind tcp://127.0.0.1:PORT, or set "
-                        "transport.allow_remote = true (nothing authenticates remote peers yet, see docs/architecture.md)"
+                        "transport.curve_dir (keys from `python run.py keys DIR`), or transport.allow_remote = true to "
+                        "accept any host (see docs/architecture.md, \"Transport security\")"
                     )
         return problems
 

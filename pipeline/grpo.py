@@ -107,7 +107,7 @@ async def run_grpo(
     counted, the checkpoint is the last update boundary. `evaluate(version, weights)` measures held-out
     success every `eval.every` updates (and `run.target_heldout` may end the phase).
     """
-    async with open_context() as zmq, processes.addresses(cfg) as t:
+    async with open_context(cfg.transport.curve_dir) as zmq, processes.addresses(cfg) as t:  # CURVE on tcp when keyed
         w = _build(cfg, suite, policy, tasks, allocator, trainer, profiler, metrics, progress, checkpointer, restore,
                    evaluate, zmq.dropped_frames)
         phase, ctx = w.phase, StageContext(zmq=zmq, addresses=t, run_dir=run_dir, profiler=profiler)

@@ -192,8 +192,7 @@ async def run_job(
     """Run the whole job (or continue the stopped one in `resume_dir`); the run folder is created first so
     even a failed run leaves its events. `stop` (Ctrl-C) ends it with a checkpoint: `RunInterrupted`."""
     wall_started = time.perf_counter()
-    if cfg.run.flat_memory:
-        tune_malloc()  # before the model and its tensors exist (see pipeline/memory.py)
+    tune_malloc(arenas=cfg.run.malloc_arenas, fixed_mmap=cfg.run.flat_memory)  # before the model exists (pipeline/memory.py)
     run_dir = resume_dir if resume_dir is not None else create_run_dir(cfg)
     checkpoint = resume.load_state(run_dir) if resume_dir is not None else None
     if resume_dir is not None:

@@ -1,12 +1,27 @@
 """Process memory: peak RSS for the summary, and glibc malloc settings that keep RSS from creeping.
 
-Measured with bench/bench_memory.py (default config, N = 300 env steps): with glibc's defaults RSS was
-803 MB after 480 env steps and 1067 MB after 3120 (rss_growth 0.33, peak 1217 MB); with large blocks
-always mmap-ed (M_MMAP_THRESHOLD = 128 KiB) it was 353 MB and 384 MB (growth 0.09, peak 502 MB). The
-default's *dynamic* threshold rises each time a large block is freed, after which torch's many short-lived
-tensors (KV caches, activations, weight snapshots) of varying sizes come from the heap arenas of the
-policy and learner threads and fragment them. Setting the threshold explicitly turns the dynamic
-adjustment off, so freed tensors go back to the OS.
+Where it went (bench/bench_memory.py, default config, RSS at N and 10 N env steps): Python objects barely
+grow (tracemalloc: ~1 MB over 2,640 steps, profiler spans and in-flight frames; gc object counts flat but
+for ~2 span tuples per env step). RSS growth is glibc heap fragmentation: torch's short-lived tensors (KV
+caches, activations, weight snapshots) of varying sizes are allocated and freed by several threads
+(policy, learner, Trio's worker threads, torch's), each with an arena of its own (glibc allows 8 per
+core), and every arena keeps the high-water mark of its holes.
+
+Side by side (--compare, N = 1,000, four processes at nice 19 beside other work):
+
+    glibc defaults                  RSS 625 -> 950 MB  rss_growth 0.52   15.0 env-steps/s
+    M_ARENA_MAX = 2                 RSS 641 -> 650 MB  rss_growth 0.01   15.1 env-steps/s
+    M_MMAP_THRESHOLD = 128 KiB      RSS 373 -> 366 MB  rss_growth -0.02  12.1 env-steps/s   (run.flat_memory)
+    M_MMAP_THRESHOLD = 1 MiB        RSS 383 -> 369 MB  rss_growth -0.04  12.2 env-steps/s
+
+and in other runs: malloc_trim(0) at every update 0.46 (three processes, N = 1,000: no better than the
+defaults, glibc 0.45 there); 2 arenas alone 0.23 (one process, N = 1,000), 0.18 / 0.26 set in run_job /
+from process start (N = 500) and 0.41 (beside flat: -0.05 at 0.86x its speed, N = 1,000), so the cap does
+not stop the creep and `run.malloc_arenas` stays off by default; the fixed threshold's speed was 0.98x,
+0.80x, 0.90x and 0.86x of the others in four comparisons. The fixed mmap threshold (`run.flat_memory`; M_TRIM_THRESHOLD would
+do the same, since setting either turns glibc's *dynamic* threshold off) is what keeps RSS flat: every large
+tensor gets its own mmap, returned to the OS on free, ~40 % less RSS, up to ~20 % slower (a page-faulting
+mmap per tensor). malloc_trim gives back only whole free pages, and the holes are not.
 """
 
 from __future__ import annotations
@@ -15,22 +30,45 @@ import ctypes
 import ctypes.util
 import resource
 import sys
+from functools import cache
 
 M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
 MMAP_THRESHOLD_BYTES = 128 * 1024
 
 
-def tune_malloc() -> bool:
-    """Fix glibc's mmap threshold (Linux/glibc only); returns whether it was applied."""
+@cache
+def _libc() -> ctypes.CDLL | None:
+    """glibc, or None (not Linux, or a libc without mallopt/malloc_trim such as musl)."""
     if not sys.platform.startswith("linux"):
-        return False
-    name = ctypes.util.find_library("c")
+        return None
     try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        mallopt = libc.mallopt
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
     except (OSError, AttributeError):
-        return False  # not glibc (e.g. musl)
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+        return None
+    return libc
+
+
+def tune_malloc(*, arenas: int = 0, fixed_mmap: bool = False) -> dict[str, bool]:
+    """Cap glibc's malloc arenas (`arenas` > 0) and fix its mmap threshold (`fixed_mmap`); call before the
+    threads and tensors exist. Returns what was applied (nothing off glibc, e.g. musl or macOS)."""
+    applied = {"arenas": False, "fixed_mmap": False}
+    libc = _libc()
+    if libc is None:
+        return applied
+    if arenas > 0:
+        applied["arenas"] = bool(libc.mallopt(M_ARENA_MAX, arenas))
+    if fixed_mmap:
+        applied["fixed_mmap"] = bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    return applied
+
+
+def trim() -> bool:
+    """Give the free pages of every malloc arena back to the OS; returns whether any memory was released."""
+    libc = _libc()
+    return libc is not None and bool(libc.malloc_trim(0))
 
 
 def peak_rss_mb() -> float:

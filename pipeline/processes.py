@@ -238,7 +238,7 @@ async def _watch_parent(parent: int, cancel: trio.CancelScope) -> None:
 @contextlib.asynccontextmanager
 async def _child(addresses: TransportSection, parent: int) -> AsyncIterator[tuple[Context, Any, trio.Nursery]]:
     """A child's zmq context, its reports PUSH and a nursery cancelled when the parent dies."""
-    async with open_context() as zmq, trio.open_nursery() as nursery:
+    async with open_context(addresses.curve_dir) as zmq, trio.open_nursery() as nursery:
         nursery.start_soon(_watch_parent, parent, nursery.cancel_scope)
         reports = zmq.socket("push", addresses.reports, bind=False, hwm=addresses.hwm)
         async with reports:

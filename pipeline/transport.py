@@ -1,4 +1,4 @@
-"""ZeroMQ sockets under Trio: the only module in rollcut that imports zmq.
+"""ZeroMQ sockets under Trio: with pipeline/curve.py (its security), the only module in rollcut that imports zmq.
 
 The ZMQ_FD a socket exposes is *edge-triggered* and signals the socket's internal mailbox, not data. So
 every operation here is non-blocking (`NOBLOCK`), checks `zmq.EVENTS` before waiting, and after waking
@@ -18,8 +18,10 @@ rate-limited: the first `WARN_FIRST` drops of a socket are logged one by one, th
 counts every `WARN_EVERY` drops, so a flood of garbage cannot flood the log.
 
 Frames from other hosts: a tcp socket binds where its address says; `pipeline.config` refuses a tcp bind
-address that is not loopback unless `transport.allow_remote` is set. Authenticating peers across hosts is
-ZeroMQ CURVE's job (see docs/architecture.md, "Transport security").
+address that is not loopback unless `transport.allow_remote` is set or CURVE keys are configured. With
+`open_context(curve_dir=...)` every tcp socket uses ZeroMQ CURVE (pipeline/curve.py): only peers whose public
+key is listed get through, and each refused handshake is counted on the binding socket's `dropped_frames`
+(`unauthenticated`, `handshake_failed`). See docs/architecture.md, "Transport security".
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import msgspec
 import structlog
 import trio
 import zmq
+
+from . import curve
 
 log = structlog.get_logger(__name__)
 
@@ -66,15 +70,19 @@ class SocketStatistics:
 class Context:
     """A zmq context whose lifetime is a Trio `async with` block (see `open_context`)."""
 
-    def __init__(self, ctx: zmq.Context[Any]) -> None:
+    def __init__(self, ctx: zmq.Context[Any], keys: curve.CurveKeys | None = None, nursery: trio.Nursery | None = None) -> None:
         self._ctx = ctx
         self._sockets: list[Socket[Any]] = []
+        self._keys = keys
+        self._nursery = nursery  # runs the refusal monitors of CURVE server sockets
+        assert keys is None or nursery is not None, "CURVE needs a nursery for its monitors"
 
     def dropped_frames(self) -> dict[str, dict[str, int]]:
-        """Dropped frames by reason of every receiving socket opened so far, by socket name."""
+        """Dropped frames by reason of every receiving socket (and refused peers of every CURVE server
+        socket) opened so far, by socket name."""
         out: dict[str, dict[str, int]] = {}
         for sock in self._sockets:
-            if sock.receives is not None:
+            if sock.receives is not None or sock.statistics().dropped_frames:
                 counts = out.setdefault(sock.name, {})
                 for reason, n in sock.statistics().dropped_by_reason.items():
                     counts[reason] = counts.get(reason, 0) + n
@@ -117,6 +125,10 @@ class Context:
         raw.setsockopt(zmq.LINGER, linger_ms)
         if kind == "sub":
             raw.setsockopt(zmq.SUBSCRIBE, subscribe)
+        monitor = None
+        if self._keys is not None and address.startswith("tcp://"):
+            curve.secure(raw, self._keys, server=bind)
+            monitor = curve.monitor_refusals(raw) if bind else None
         try:
             if bind:
                 if address.startswith("tcp://") and address.endswith(":0"):
@@ -127,24 +139,39 @@ class Context:
             else:
                 raw.connect(address)
         except zmq.ZMQError as exc:
+            if monitor is not None:
+                monitor.close(linger=0)
             raw.close(linger=0)
             raise OSError(f"cannot {'bind' if bind else 'connect'} {kind} socket to {address}: {exc}") from exc
         sock: Socket[Any] = Socket(raw, address, receives, name=name)
         self._sockets.append(sock)
+        if monitor is not None:
+            assert self._nursery is not None
+            self._nursery.start_soon(curve.count_refusals, raw, monitor, sock.drop)
         return sock
 
 
 @contextlib.asynccontextmanager
-async def open_context() -> AsyncIterator[Context]:
+async def open_context(curve_dir: str = "") -> AsyncIterator[Context]:
     """A fresh zmq context, terminated on exit (after sockets close, so their linger is honoured).
 
     `ctx.term()` blocks until every socket is closed and flushed; it runs in a worker thread so the Trio
-    loop stays responsive while messages drain.
+    loop stays responsive while messages drain. With `curve_dir` (a folder `curve_problems` accepts) tcp
+    sockets use CURVE; the ZAP handler and the refusal monitors run in this block's own nursery, which is
+    cancelled when the block ends, before the sockets close.
     """
     ctx: zmq.Context[Any] = zmq.Context()
     wrapper = Context(ctx)
     try:
-        yield wrapper
+        if not curve_dir:
+            yield wrapper
+            return
+        keys = curve.load_keys(curve_dir)
+        async with trio.open_nursery() as nursery:  # a failure in the body comes out in an ExceptionGroup
+            await nursery.start(curve.serve_zap, ctx, keys.authorized)
+            wrapper = Context(ctx, keys, nursery)
+            yield wrapper
+            nursery.cancel_scope.cancel()
     finally:
         wrapper.close_all()
         with trio.CancelScope(shield=True):

@@ -43,3 +43,16 @@ def test_profile_of_a_folder_that_is_not_a_finished_run(tmp_path):
                             (tmp_path / "nothing", "is not a folder")):
         proc = subprocess.run([sys.executable, "run.py", "profile", str(folder)], cwd=ROOT, capture_output=True, text=True)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_bad_curve_keys_folder_is_exit_2_and_keys_makes_a_usable_one(tmp_path):
+    bad = subprocess.run([sys.executable, "run.py", "check", "--set", f'transport.curve_dir="{tmp_path}/keys"'],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "transport.curve_dir" in bad.stderr and "run.py keys" in bad.stderr, bad.stderr
+    made = subprocess.run([sys.executable, "run.py", "keys", f"{tmp_path}/keys"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    good = subprocess.run([sys.executable, "run.py", "check", "--set", f'transport.curve_dir="{tmp_path}/keys"',
+                           "--set", 'transport.events="tcp://0.0.0.0:5556"'], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert good.returncode == 0, good.stderr  # with keys, a non-loopback bind is allowed
+    again = subprocess.run([sys.executable, "run.py", "keys", f"{tmp_path}/keys"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "already holds keys" in again.stderr

@@ -1,11 +1,14 @@
 """TextWorld adapter: a game made offline with tw-make and played to a win with its walkthrough."""
 
+import re
 import time
 
 import pytest
 
 from stages.envs import build_suite
 from stages.envs.textworld import TextWorldSuite, clean_feedback, find_games
+
+_STATUS = re.compile(r"score:|moves:|=-\s*-?\d+/\d+", re.IGNORECASE)
 
 pytestmark = [
     pytest.mark.textworld,
@@ -37,6 +40,7 @@ def test_a_generated_game_is_won_by_its_walkthrough(games_dir):
     observation = env.reset(task)
     assert "$$" not in observation.text
     for command in plan:
+        assert not _STATUS.search(observation.text), observation.text  # no room/score/moves status line
         assert command in observation.admissible, (command, observation.admissible)
         result = env.step(command)
         observation = result.observation

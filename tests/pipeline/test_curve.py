@@ -1,0 +1,100 @@
+"""CURVE on tcp sockets: keyed peers get through, unkeyed and unlisted ones are refused and counted."""
+
+import collections
+import shutil
+import stat
+
+import pytest
+import trio
+import zmq
+
+from pipeline.config import ConfigError, load_config
+from pipeline.curve import curve_problems, make_keys
+from pipeline.transport import Socket, open_context
+
+pytestmark = pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
+
+
+def test_make_keys_writes_two_pairs_authorizes_the_client_and_refuses_to_overwrite(tmp_path):
+    written = {p.relative_to(tmp_path / "keys").as_posix() for p in make_keys(tmp_path / "keys")}
+    assert written == {"server.key", "server.key_secret", "client.key", "client.key_secret", "authorized/client.key"}
+    assert stat.S_IMODE((tmp_path / "keys" / "server.key_secret").stat().st_mode) == 0o600
+    assert curve_problems(str(tmp_path / "keys")) == []
+    with pytest.raises(FileExistsError, match="already holds keys"):
+        make_keys(tmp_path / "keys")
+
+
+def test_bad_key_folders_are_named_problems(tmp_path):
+    assert curve_problems("") == []
+    assert "no such folder" in curve_problems(str(tmp_path / "missing"))[0]
+    make_keys(tmp_path / "keys")
+    (tmp_path / "keys" / "client.key_secret").unlink()
+    (tmp_path / "keys" / "server.key_secret").write_text("not a certificate")
+    shutil.rmtree(tmp_path / "keys" / "authorized")
+    problems = curve_problems(str(tmp_path / "keys"))
+    assert len(problems) == 3, problems
+    assert any("client.key_secret does not exist" in p for p in problems)
+    assert any("server.key_secret" in p and "secret" in p for p in problems)
+    assert any("authorized" in p for p in problems)
+
+
+def test_config_refuses_a_missing_keys_folder_and_allows_remote_binds_with_keys(tmp_path):
+    with pytest.raises(ConfigError, match="curve_dir"):
+        load_config(None, [f'transport.curve_dir="{tmp_path / "nope"}"'])
+    with pytest.raises(ConfigError, match="curve_dir"):  # a remote bind without keys names the way out
+        load_config(None, ['transport.events="tcp://*:5556"'])
+    make_keys(tmp_path / "keys")
+    cfg = load_config(None, ['transport.events="tcp://*:5556"', f'transport.curve_dir="{tmp_path / "keys"}"'])
+    assert cfg.transport.curve_dir == str(tmp_path / "keys")
+
+
+def _intruder(ctx: zmq.Context, address: str, *, client_keys: tuple[bytes, bytes] | None, server_key: bytes | None) -> zmq.Socket:
+    """A raw PUSH that connects with the given keys (None: no CURVE at all) and queues one frame."""
+    push = ctx.socket(zmq.PUSH)
+    push.linger = 0
+    if client_keys is not None:
+        push.curve_publickey, push.curve_secretkey = client_keys
+        push.curve_serverkey = server_key
+    push.connect(address)
+    push.send(b"\x2a", zmq.NOBLOCK)  # msgpack 42: a frame the receiver would accept
+    return push
+
+
+async def test_only_listed_keys_get_through_and_refusals_are_counted(tmp_path, monkeypatch):
+    refused: dict[str, trio.Event] = collections.defaultdict(trio.Event)  # set when a reason is first counted
+    drop = Socket.drop
+    monkeypatch.setattr(Socket, "drop", lambda self, reason, detail="": (drop(self, reason, detail), refused[reason].set()))
+    make_keys(tmp_path / "keys")
+    make_keys(tmp_path / "other")
+    server_public, _ = zmq.auth.load_certificate(tmp_path / "keys" / "server.key")
+    stranger = zmq.auth.load_certificate(tmp_path / "other" / "client.key_secret")
+    raw_ctx = zmq.Context()
+    try:
+        async with open_context(str(tmp_path / "keys")) as ctx:
+            pull = ctx.socket("pull", "tcp://127.0.0.1:0", bind=True, receives=int, name="steps")
+            unkeyed = _intruder(raw_ctx, pull.address, client_keys=None, server_key=None)
+            with trio.fail_after(20):
+                await refused["handshake_failed"].wait()
+            unlisted = _intruder(raw_ctx, pull.address, client_keys=stranger, server_key=server_public)
+            with trio.fail_after(20):
+                await refused["unauthenticated"].wait()
+            push = ctx.socket("push", pull.address, bind=False)  # the context's own client key pair
+            await push.send(7)
+            with trio.fail_after(20):
+                assert await pull.receive() == 7
+            assert pull.statistics().received == 1  # neither intruder's frame arrived
+            assert set(ctx.dropped_frames()["steps"]) == {"handshake_failed", "unauthenticated"}
+            unkeyed.close()
+            unlisted.close()
+    finally:
+        raw_ctx.term()
+
+
+async def test_inproc_sockets_need_no_keys_under_curve(tmp_path):
+    make_keys(tmp_path / "keys")
+    async with open_context(str(tmp_path / "keys")) as ctx:
+        pull = ctx.socket("pull", "inproc://plain", bind=True, receives=int)
+        push = ctx.socket("push", "inproc://plain", bind=False)
+        await push.send(3)
+        with trio.fail_after(20):
+            assert await pull.receive() == 3
