@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gates import build_gate
 from stages.evaluate import EpisodeOutcome, EvalReport, summarize
 
 from .config import RunConfig
@@ -71,7 +72,8 @@ def gate_label(cfg: RunConfig, outcome: GrpoOutcome) -> str:
     """"name K=.. tau=.." from the gate's resolved options (its own defaults included), "off" without one."""
     if not cfg.gate.enabled or outcome.gate is None:
         return "off"
-    options = getattr(outcome.gate.gate, "options", None)
+    gate = getattr(outcome.gate, "gate", None)  # absent when the gate stage runs in its own process
+    options = gate.options if gate is not None else build_gate(cfg.gate.name, cfg.gate.gate_options()).options
     shown = [f"{label}={getattr(options, key)}" for label, key in (("K", "k"), ("tau", "tau")) if hasattr(options, key)]
     return " ".join([cfg.gate.name, *shown]) + (" shadow" if cfg.gate.shadow else "")
 

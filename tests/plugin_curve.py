@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import trio
 import zmq
 import zmq.auth
@@ -24,10 +25,15 @@ SEEN: dict[str, dict[str, Any]] = {}
 class Intruders:
     name = "intruders"
 
-    def __init__(self, *, key: str, keys_dir: str, stranger_dir: str) -> None:
-        self.key = key
-        self.server_public, _ = zmq.auth.load_certificate(f"{keys_dir}/server.key")
-        self.stranger = zmq.auth.load_certificate(f"{stranger_dir}/client.key_secret")
+    class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+        key: str
+        keys_dir: str
+        stranger_dir: str
+
+    def __init__(self, options: Options) -> None:
+        self.key = options.key
+        self.server_public, _ = zmq.auth.load_certificate(f"{options.keys_dir}/server.key")
+        self.stranger = zmq.auth.load_certificate(f"{options.stranger_dir}/client.key_secret")
 
     def _connect(self, raw_ctx: zmq.Context[Any], address: str, kind: int, *, keyed: bool) -> zmq.Socket[Any]:
         sock = raw_ctx.socket(kind)
