@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.progress import report
-from stages.envs.base import EnvSuite, RecoveringExpert, Task
+from stages.envs.base import Environment, EnvSuite, RecoveringExpert, Task
+from stages.lockstep import play_lockstep
 from stages.policy.base import AgentContext
 
 from ._generate import Sample, generate
@@ -272,52 +273,26 @@ def rollout_lockstep(
     With `expert`, every state visited is also labelled with the expert's action (`Episode.labelled`).
     A `label` reports progress (steps in place on a terminal, a line at the end) under that name.
     """
-    runs = [(task, k) for task in tasks for k in range(samples)]
-    envs = [suite.make() for _ in runs]
-    started = time.perf_counter()
-    try:
-        obs = [env.reset(task) for env, (task, _) in zip(envs, runs, strict=True)]
-        history: list[list[tuple[str, str]]] = [[] for _ in runs]
-        labelled: list[list[Demo]] = [[] for _ in runs]
-        won = [False] * len(runs)
-        live = list(range(len(runs)))
-        tok = fmt.tokenizer
-        for step in range(suite.max_steps):
-            if not live:
-                break
-            prompts = [
-                fmt.build(AgentContext(runs[i][0].description, obs[i].text, obs[i].admissible, tuple(history[i])))
-                for i in live
-            ]
-            uniforms = torch.stack(
-                [request_uniforms(seed, i * suite.max_steps + step, sampling.max_new_tokens) for i in live]
-            )  # [B, N]
-            samples_out = _decode(model, fmt, sampling, prompts, uniforms, greedy, [obs[i].admissible for i in live])
-            still = []
-            for i, prompt, sample in zip(live, prompts, samples_out, strict=True):
-                if expert is not None:
-                    labelled[i].append(Demo(prompt, fmt.completion(expert.expert_action(envs[i]))))
-                text = tok.decode(sample.token_ids)
-                action = parse_action(text, obs[i].admissible, fuzzy_cutoff=sampling.fuzzy_cutoff)
-                result = envs[i].step(action)
-                history[i].append((obs[i].text, action))
-                obs[i], won[i] = result.observation, result.won
-                if not result.done:
-                    still.append(i)
-            live = still
-            if label:
-                report(label, len(runs) - len(live), len(runs), f"step {step + 1} | {sum(won)} won")
-    finally:
-        for env in envs:
-            env.close()
-    if label:
-        elapsed = time.perf_counter() - started
-        report(label, len(runs), len(runs), f"{sum(won)} won ({sum(won) / max(1, len(runs)):.1%}) | {elapsed:.0f} s",
-               final=True)
-    return [
-        Episode(task, won[i], len(history[i]), tuple(a for _, a in history[i]), tuple(labelled[i]))
-        for i, (task, _) in enumerate(runs)
-    ]
+    runs = [task for task in tasks for _ in range(samples)]
+    labelled: list[list[Demo]] = [[] for _ in runs]
+    tok = fmt.tokenizer
+
+    def decide(step: int, live: list[int], contexts: list[AgentContext], envs: list[Environment]) -> list[str]:
+        prompts = [fmt.build(c) for c in contexts]
+        uniforms = torch.stack(
+            [request_uniforms(seed, i * suite.max_steps + step, sampling.max_new_tokens) for i in live]
+        )  # [B, N]
+        samples_out = _decode(model, fmt, sampling, prompts, uniforms, greedy, [c.admissible for c in contexts])
+        if expert is not None:
+            for i, prompt in zip(live, prompts, strict=True):
+                labelled[i].append(Demo(prompt, fmt.completion(expert.expert_action(envs[i]))))
+        return [
+            parse_action(tok.decode(sample.token_ids), c.admissible, fuzzy_cutoff=sampling.fuzzy_cutoff)
+            for c, sample in zip(contexts, samples_out, strict=True)
+        ]
+
+    played = play_lockstep(suite, runs, decide, label=label)
+    return [Episode(e.task, e.won, e.steps, e.actions, tuple(labelled[i])) for i, e in enumerate(played)]
 
 
 def _decode(

@@ -8,15 +8,14 @@ the episodes still running (left-padded; Llama derives positions from the attent
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from pipeline.progress import report
-from stages.envs.base import EnvSuite, Task
+from stages.envs.base import Environment, EnvSuite, Task
+from stages.lockstep import play_lockstep
 from stages.policy.base import AgentContext
 from stages.policy.torch_tiny._prompt import parse_action
 
@@ -69,36 +68,13 @@ def play_greedy(
     label: str = "",
 ) -> list[Played]:
     """Play every task once, greedily, all episodes in lockstep."""
-    envs = [suite.make() for _ in tasks]
-    started = time.perf_counter()
     lm.eval()
-    try:
-        obs = [env.reset(task) for env, task in zip(envs, tasks, strict=True)]
-        history: list[list[tuple[str, str]]] = [[] for _ in tasks]
-        won = [False] * len(tasks)
-        live = list(range(len(tasks)))
-        for step in range(suite.max_steps):
-            if not live:
-                break
-            contexts = [AgentContext(tasks[i].description, obs[i].text, obs[i].admissible, tuple(history[i])) for i in live]
-            prompts = [prompt.build(c) for c in contexts]
-            texts: list[str] = []
-            for b in range(0, len(prompts), batch):
-                texts += greedy_actions(lm, prompt, prompts[b : b + batch], max_new_tokens=max_new_tokens)
-            still = []
-            for i, text in zip(live, texts, strict=True):
-                action = parse_action(text, obs[i].admissible, fuzzy_cutoff=fuzzy_cutoff)
-                result = envs[i].step(action)
-                history[i].append((obs[i].text, action))
-                obs[i], won[i] = result.observation, result.won
-                if not result.done:
-                    still.append(i)
-            live = still
-            if label:
-                report(label, len(tasks) - len(live), len(tasks), f"step {step + 1} | {sum(won)} won")
-    finally:
-        for env in envs:
-            env.close()
-    if label:
-        report(label, len(tasks), len(tasks), f"{sum(won)} won | {time.perf_counter() - started:.0f} s", final=True)
-    return [Played(task, won[i], len(history[i])) for i, task in enumerate(tasks)]
+
+    def decide(step: int, live: list[int], contexts: list[AgentContext], envs: list[Environment]) -> list[str]:
+        prompts = [prompt.build(c) for c in contexts]
+        texts: list[str] = []
+        for b in range(0, len(prompts), batch):
+            texts += greedy_actions(lm, prompt, prompts[b : b + batch], max_new_tokens=max_new_tokens)
+        return [parse_action(t, c.admissible, fuzzy_cutoff=fuzzy_cutoff) for c, t in zip(contexts, texts, strict=True)]
+
+    return [Played(e.task, e.won, e.steps) for e in play_lockstep(suite, tasks, decide, label=label)]
