@@ -73,7 +73,9 @@ def gate_label(cfg: RunConfig, outcome: GrpoOutcome) -> str:
     if not cfg.gate.enabled or outcome.gate is None:
         return "off"
     gate = getattr(outcome.gate, "gate", None)  # absent when the gate stage runs in its own process
-    options = gate.options if gate is not None else build_gate(cfg.gate.name, cfg.gate.gate_options()).options
+    if gate is None:
+        gate = build_gate(cfg.gate.name, cfg.gate.gate_options())
+    options = getattr(gate, "options", None)  # a plugin gate need not keep its options
     shown = [f"{label}={getattr(options, key)}" for label, key in (("K", "k"), ("tau", "tau")) if hasattr(options, key)]
     return " ".join([cfg.gate.name, *shown]) + (" shadow" if cfg.gate.shadow else "")
 

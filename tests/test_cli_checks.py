@@ -18,7 +18,7 @@ def test_bad_plugin_options_fail_before_any_work(tmp_path, command):
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2, proc.stderr
-    for fragment in ("gate.options.zzz: unknown option for gate 'prefix_edit_distance'",
+    for fragment in ("gate.options.zzz: unknown option for gate 'stall'",
                      "env.options.bogus: unknown option for env 'household'", "policy.options", "layerz",
                      "stages[0].options.pth: unknown option for stage 'examples.jsonl_writer:JsonlGroupWriter'"):
         assert fragment in proc.stderr, proc.stderr

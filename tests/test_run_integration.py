@@ -18,6 +18,7 @@ from pipeline.progress import Progress
 ROOT = Path(__file__).resolve().parents[1]
 
 TINY = [
+    "gate.name=prefix_edit_distance",  # the tiny runs were written for the prefix gate (default: stall)
     "env.max_steps=8",
     "env.train_tasks=64",
     "rollout.group_size=4",

@@ -9,7 +9,7 @@ from gates.stall import StallGate
 def test_each_gate_has_its_own_one_default():
     prefix, stall = build_gate("prefix_edit_distance", {}), build_gate("stall", {})
     assert isinstance(prefix, PrefixEditDistanceGate) and (prefix.checkpoints, prefix.tau) == ([12], 0.5)
-    assert isinstance(stall, StallGate) and (stall.checkpoints, stall.tau, stall.window) == ([15], 0.3, 5)
+    assert isinstance(stall, StallGate) and (stall.checkpoints, stall.tau, stall.window) == ([8, 12, 16, 20], 0.9, 5)
 
 
 def test_options_override_the_defaults():
