@@ -148,5 +148,10 @@ def test_one_update_raises_the_winner_and_lowers_the_loser(rolled) -> None:
     _, metrics = trainer.update([group])
     after = total_logprob(winner), total_logprob(loser)
     assert metrics["learner/approx_kl"] == pytest.approx(0.0, abs=1e-6)  # scored as sampled (choices included)
-    assert after[0] > before[0]
-    assert after[1] < before[1]
+    assert after[0] - after[1] > before[0] - before[1]  # the winner gains on the loser
+    if not policy.sampling.choose_admissible:
+        # Free generation: the two share few tokens, so each moves with its own advantage. Constrained, they
+        # often take the same admissible actions, and pushing the loser's shared turns down may lower the
+        # winner's total too (seen: -19.71 -> -19.79) while the difference still moves uphill.
+        assert after[0] > before[0]
+        assert after[1] < before[1]

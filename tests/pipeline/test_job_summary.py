@@ -22,9 +22,9 @@ def _outcome(cfg):
 
 def test_the_gate_label_shows_the_gates_own_defaults_and_what_overrides_them():
     cfg = load_config()
-    assert gate_label(cfg, _outcome(cfg)) == "prefix_edit_distance K=12 tau=0.5"
-    cfg = load_config(None, ['gate.name="stall"', "gate.tau=0.9", "gate.shadow=true"])
-    assert gate_label(cfg, _outcome(cfg)) == "stall K=15 tau=0.9 shadow"
+    assert gate_label(cfg, _outcome(cfg)) == "stall K=8 tau=0.9"
+    cfg = load_config(None, ['gate.name="prefix_edit_distance"', "gate.tau=0.3", "gate.shadow=true"])
+    assert gate_label(cfg, _outcome(cfg)) == "prefix_edit_distance K=12 tau=0.3 shadow"
     assert gate_label(load_config(None, ["gate.enabled=false"]), SimpleNamespace(gate=None)) == "off"
 
 
