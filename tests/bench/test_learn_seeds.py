@@ -1,0 +1,52 @@
+"""bench/learn_seeds.py's table: per-seed rows from summary.json and the mean rise over seeds."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def learn_seeds():
+    spec = importlib.util.spec_from_file_location("learn_seeds", ROOT / "bench" / "learn_seeds.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run_folder(tmp_path: Path, seed: int, before: tuple[float, float], after: tuple[float, float]) -> Path:
+    folder = tmp_path / f"learn-s{seed}"
+    folder.mkdir()
+    summary = {
+        "seed": seed,
+        "heldout_before": {"heldout_seen": before[0], "heldout_unseen": before[1]},
+        "heldout_after": {"heldout_seen": after[0], "heldout_unseen": after[1]},
+        "heldout_success_before": sum(before) / 2,
+        "heldout_success_after": sum(after) / 2,
+        "heldout_tasks_per_split": 200,
+        "wall_s": 1700.4,
+        "grpo_wall_s": 1500.2,
+        "env_steps": 1000 + seed,
+        "learner_updates": 40,
+    }
+    (folder / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+def test_report_gives_a_row_per_seed_and_the_mean_rise(learn_seeds, tmp_path: Path) -> None:
+    folders = [
+        _run_folder(tmp_path, 0, (0.20, 0.18), (0.32, 0.30)),  # +12 points
+        _run_folder(tmp_path, 1, (0.22, 0.12), (0.30, 0.24)),  # +10 points
+        _run_folder(tmp_path, 2, (0.20, 0.20), (0.26, 0.26)),  # +6 points
+    ]
+    text = learn_seeds.report(folders)
+    assert "| 0 | 20.0 → 32.0 | 18.0 → 30.0 | 19.0 → 31.0 | 12.0 | 1700 | 1500 | 1000 | 40 |" in text
+    assert "| 2 | 20.0 → 26.0 | 20.0 → 26.0 | 20.0 → 26.0 | 6.0 |" in text
+    assert "Mean rise over seeds [0, 1, 2]: +9.3 pp" in text
+    low, high = text.split("interval [")[1].split("]")[0].split(", ")
+    assert 6.0 <= float(low) <= 9.3 <= float(high) <= 12.0
