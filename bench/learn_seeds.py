@@ -1,6 +1,7 @@
 """Does RL lift held-out success? A preset run on several seeds, tabulated with a bootstrap interval.
 
     .venv/bin/python bench/learn_seeds.py [--config configs/learn.toml] [--seeds 0 1 2] [--set key=value ...]
+    .venv/bin/python bench/learn_seeds.py --config default        # the default run (no config file)
     .venv/bin/python bench/learn_seeds.py --report runs/learn-s0 runs/learn-s1 runs/learn-s2
 
 Runs `run.py` once per seed, one after the other (each run has the machine to itself: its wall time is
@@ -28,14 +29,15 @@ from pipeline.config import load_config  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_seeds(config: Path, seeds: list[int], overrides: list[str]) -> list[Path]:
-    """Run the preset once per seed; returns the run folders in seed order."""
+def run_seeds(config: Path | None, seeds: list[int], overrides: list[str]) -> list[Path]:
+    """Run the preset (None: the built-in defaults) once per seed; returns the run folders in seed order."""
     name = load_config(config, overrides).run.name
+    preset = ["--config", str(config)] if config is not None else []
     folders = []
     for seed in seeds:
         folder = f"{name}-s{seed}"
         sets = [*overrides, f"run.seed={seed}", f'run.name="{folder}"']
-        command = [sys.executable, str(ROOT / "run.py"), "--config", str(config), *(a for s in sets for a in ("--set", s))]
+        command = [sys.executable, str(ROOT / "run.py"), *preset, *(a for s in sets for a in ("--set", s))]
         print(f"seed {seed}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
         subprocess.run(command, cwd=ROOT, check=True)
         folders.append(ROOT / "runs" / folder)
@@ -79,12 +81,13 @@ def report(folders: list[Path]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "learn.toml")
+    parser.add_argument("--config", default=str(ROOT / "configs" / "learn.toml"), help="a TOML preset, or 'default'")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--report", type=Path, nargs="+", metavar="RUN_DIR", help="tabulate these run folders, run nothing")
     args = parser.parse_args()
-    folders = args.report or run_seeds(args.config, args.seeds, args.set)
+    config = None if args.config == "default" else Path(args.config)
+    folders = args.report or run_seeds(config, args.seeds, args.set)
     print(report(folders))
 
 

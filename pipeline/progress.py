@@ -43,9 +43,11 @@ def _pct(value: Any) -> str:
 
 
 def format_status(row: Mapping[str, Any], total_updates: int) -> str:
+    """One line per update. Its success rate counts the rollouts of groups that ran to the end: a gate's
+    cut groups (mostly failing ones) are not in it, so with cuts it reads above the policy's success."""
     return (
         f"update {row.get('iteration', 0):>3}/{total_updates}"
-        f" | success {_pct(row.get('success_rate'))}"
+        f" | uncut success {_pct(row.get('success_rate'))}"
         f" | groups admitted {row.get('groups_admitted', 0):>4} cut {row.get('groups_cut', 0):>3}"
         f" trained {row.get('groups_trained', 0):>4}"
         f" | slots {_pct(row.get('slot_occupancy'))}"

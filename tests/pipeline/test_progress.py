@@ -3,7 +3,7 @@ import io
 import trio
 
 from pipeline import progress as progress_module
-from pipeline.progress import Progress, format_phase, report
+from pipeline.progress import Progress, format_phase, format_status, report
 
 
 class _Terminal(io.StringIO):
@@ -65,3 +65,9 @@ def test_a_disabled_display_prints_nothing():
 
 def test_format_phase_aligns_counts_to_the_total():
     assert format_phase("evaluation", 7, 400) == "evaluation   7/400"
+
+
+def test_the_status_line_says_its_success_rate_leaves_cut_groups_out() -> None:
+    row = {"iteration": 3, "success_rate": 0.45, "groups_admitted": 40, "groups_cut": 25, "groups_trained": 8}
+    line = format_status(row, 40)
+    assert line.startswith("update   3/40 | uncut success   45% | groups admitted   40 cut  25 trained    8")
