@@ -114,6 +114,8 @@ class HouseholdEnv:
         self._obj_index = {name: i for i, name in enumerate(names)}
         self._state = [0] * len(names)
         self._is_open = [False] * len(layout.names)
+        self._visited = [False] * len(layout.names)
+        self._looked = [False] * len(layout.names)
         self._loc = -1
         self._held = -1
         self._lamp_lit = False
@@ -150,6 +152,8 @@ class HouseholdEnv:
             is_open=tuple(self._is_open),
             states=tuple(self._state),
             lamp_lit=self._lamp_lit,
+            visited=tuple(self._visited),
+            looked=tuple(self._looked),
         )
 
     @property
@@ -176,6 +180,8 @@ class HouseholdEnv:
             if rec < 0 or rec == loc:
                 return None
             self._loc = rec
+            self._visited[rec] = True
+            self._looked[rec] = self._looked[rec] or self._visible(rec)
             return s.arrive[rec] + self._view(rec)
         if verb == "look":
             if loc < 0:
@@ -190,6 +196,7 @@ class HouseholdEnv:
             if first != here or not s.openable[loc] or self._is_open[loc] == (verb == "open"):
                 return None
             self._is_open[loc] = verb == "open"
+            self._looked[loc] = self._looked[loc] or verb == "open"  # opening shows the inside
             if verb == "close":
                 return T.CLOSED_IT.format(rec=here)
             return T.OPENED.format(rec=here, things=self._things(loc))

@@ -16,12 +16,21 @@ snapshot (`HouseholdEnv.world()`):
 
 Followed from any reachable state it wins within a few steps of the omniscient plan's length (tested on
 random detours).
+
+`searching=True` labels only with what the agent could know (`WorldState.looked` / `visited`): a goal
+object is fetched only from a receptacle the agent has seen inside; otherwise the label is the next
+receptacle of the searching expert's canonical order (`expert.search_order`) not yet seen inside (go
+there, open it), and the desklamp is sought on the unvisited surfaces of `expert.lamp_order`. Once every
+receptacle of the order has been seen, the omniscient rule decides (an object the agent moved is always
+somewhere it has seen). These labels are predictable from an agent's observations, which the omniscient
+ones are not where the goal object is still hidden.
 """
 
 from __future__ import annotations
 
 from .catalog import APPLIANCE_OF_FAMILY, LAMP, RECEPTACLE_KINDS
 from .engine import REQUIRED_STATE
+from .expert import lamp_order, search_order
 from .world import TaskSpec, WorldState
 
 _VERB_OF_FAMILY = {"pick_clean_then_place": "clean", "pick_heat_then_place": "heat", "pick_cool_then_place": "cool"}
@@ -31,8 +40,8 @@ def _kind(name: str) -> str:
     return name.split(" ", 1)[0]
 
 
-def next_command(spec: TaskSpec, world: WorldState) -> str:
-    """The omniscient expert's next command from `world` (see the module docstring for the rules)."""
+def next_command(spec: TaskSpec, world: WorldState, *, searching: bool = False) -> str:
+    """The recovering expert's next command from `world` (see the module docstring for the rules)."""
     names = spec.layout.names
     held = world.held
     goal = spec.goal_kind
@@ -40,10 +49,13 @@ def next_command(spec: TaskSpec, world: WorldState) -> str:
     if spec.target < 0:  # look_at_obj_in_light: hold a goal object at the lamp, lamp on
         if held >= 0 and _kind(world.names[held]) == goal:
             lamp_at = spec.layout.lamp_at
-            return f"go to {names[lamp_at]}" if world.loc != lamp_at else f"use {LAMP} 1"
+            if searching and not world.visited[lamp_at]:
+                unvisited = [rec for rec in lamp_order(spec) if not world.visited[rec]]
+                lamp_at = unvisited[0] if unvisited else lamp_at
+            return f"go to {names[lamp_at]}" if world.loc != spec.layout.lamp_at else f"use {LAMP} 1"
         if held >= 0:
             return _put_back(spec, world)
-        return _fetch(spec, world, exclude=())
+        return _fetch(spec, world, exclude=(), searching=searching)
     placed = [
         obj for obj in world.contents[spec.target]
         if _kind(world.names[obj]) == goal and world.states[obj] & required == required
@@ -51,7 +63,7 @@ def next_command(spec: TaskSpec, world: WorldState) -> str:
     if len(placed) >= spec.goal_count:
         return f"go to {names[spec.target]}"
     if held < 0:
-        return _fetch(spec, world, exclude=placed)
+        return _fetch(spec, world, exclude=placed, searching=searching)
     if _kind(world.names[held]) != goal:
         return _put_back(spec, world)
     if world.states[held] & required != required:
@@ -82,8 +94,9 @@ def _put_back(spec: TaskSpec, world: WorldState) -> str:
     return _reach(spec, world, here) or f"put {world.names[world.held]} {preposition} {name}"
 
 
-def _fetch(spec: TaskSpec, world: WorldState, *, exclude: tuple[int, ...] | list[int]) -> str:
-    """Go to, open and take the cheapest goal object not in `exclude` (here first, then the plan's order)."""
+def _fetch(spec: TaskSpec, world: WorldState, *, exclude: tuple[int, ...] | list[int], searching: bool = False) -> str:
+    """Go to, open and take the cheapest goal object not in `exclude` (here first, then the plan's order);
+    `searching`: among those in receptacles seen inside, else look into the next unseen one of the order."""
     kinds = spec.layout.kinds
 
     def cost(item: tuple[int, int]) -> tuple:
@@ -97,5 +110,13 @@ def _fetch(spec: TaskSpec, world: WorldState, *, exclude: tuple[int, ...] | list
         for obj in objs
         if _kind(world.names[obj]) == spec.goal_kind and obj not in exclude
     ]
+    if searching:
+        known = [(obj, rec) for obj, rec in candidates if world.looked[rec]]
+        unseen = [rec for rec in search_order(spec) if not world.looked[rec]]
+        if not known and unseen:
+            command = _reach(spec, world, unseen[0])
+            assert command is not None, "a receptacle in reach (here, open) has been seen inside"
+            return command
+        candidates = known or candidates
     obj, rec = min(candidates, key=cost)
     return _reach(spec, world, rec) or f"take {world.names[obj]} from {spec.layout.names[rec]}"

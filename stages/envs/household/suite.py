@@ -40,6 +40,10 @@ class HouseholdSuite:
         expert: Literal["searching", "omniscient"] = "omniscient"
         """"searching": explores receptacles in a fixed order and uses only what it has seen; "omniscient":
         walks straight to the goal objects, the shortest plans and the easiest to imitate for a tiny model."""
+        recovery: Literal["searching", "omniscient"] = "omniscient"
+        """Labels of `expert_action` (noise-injected demonstrations, DAgger): "omniscient" fetches the goal
+        object wherever it is; "searching" only from where the agent has seen it, else searches on
+        (`recovery.next_command(searching=True)`): labels an agent can predict from what it saw."""
 
         def __post_init__(self) -> None:
             unknown = [family for family in self.families if family not in FAMILIES]
@@ -50,6 +54,9 @@ class HouseholdSuite:
         if options.expert not in ("searching", "omniscient"):
             raise ValueError(f"expert must be 'searching' or 'omniscient', got {options.expert!r}")
         self.omniscient = options.expert == "omniscient"
+        if options.recovery not in ("searching", "omniscient"):
+            raise ValueError(f"recovery must be 'searching' or 'omniscient', got {options.recovery!r}")
+        self.searching_recovery = options.recovery == "searching"
         if max_steps < 1:
             raise ValueError("max_steps must be >= 1")
         for share in (options.unseen_combination_share, options.heldout_seen_share):
@@ -113,11 +120,12 @@ class HouseholdSuite:
         return list(self._plans[split][index])
 
     def expert_action(self, env: HouseholdEnv) -> str:
-        """The omniscient expert's next command from `env`'s current state, whatever led there
-        (`recovery.next_command`): the label DAgger and noise-injected demonstrations need."""
+        """The recovering expert's next command from `env`'s current state, whatever led there
+        (`recovery.next_command`, searching with `options.recovery = "searching"`): the label DAgger and
+        noise-injected demonstrations need."""
         if env.spec is None:
             raise ValueError("expert_action needs an episode in progress (call env.reset first)")
-        return next_command(env.spec, env.world())
+        return next_command(env.spec, env.world(), searching=self.searching_recovery)
 
     def vocabulary(self) -> list[str]:
         """Every token of household texts; see `stages.envs.household.text` for the tokenization rule."""

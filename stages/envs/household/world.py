@@ -92,6 +92,11 @@ class WorldState:
     states: tuple[int, ...]
     """CLEAN | HOT | COOL flags per object."""
     lamp_lit: bool
+    visited: tuple[bool, ...] = ()
+    """Per receptacle: the agent has stood at it (what stands on top of it, a lamp say, was in view)."""
+    looked: tuple[bool, ...] = ()
+    """Per receptacle: the agent has seen inside it (arrived while it was open or open-view, or opened it).
+    Only the agent moves objects, so what the agent knows is the current contents of these."""
 
 
 def generate_layout(room: str, layout_id: str, rng: random.Random) -> Layout:

@@ -213,3 +213,23 @@ def test_an_env_built_directly_from_a_spec_matches_the_suite(suite):
     task = suite.tasks("train")[3]
     direct = HouseholdEnv(resolve=None)
     assert direct.reset_spec(suite.spec(task)).admissible == suite.make().reset(task).admissible
+
+
+def test_the_world_records_where_the_agent_has_been_and_what_it_has_seen_inside(suite):
+    from stages.envs.household.catalog import RECEPTACLE_KINDS
+
+    task = next(t for t in suite.tasks("train") if any(RECEPTACLE_KINDS[k].openable for k in suite.spec(t).layout.kinds))
+    layout = suite.spec(task).layout
+    closed = next(i for i, kind in enumerate(layout.kinds) if RECEPTACLE_KINDS[kind].openable)
+    surface = next(i for i, kind in enumerate(layout.kinds) if not RECEPTACLE_KINDS[kind].openable)
+    env = suite.make()
+    env.reset(task)
+    assert not any(env.world().visited) and not any(env.world().looked)
+    env.step(f"go to {layout.names[surface]}")
+    assert env.world().visited[surface] and env.world().looked[surface]  # open-view: seen on arrival
+    env.step(f"go to {layout.names[closed]}")
+    assert env.world().visited[closed] and not env.world().looked[closed]  # a closed door hides it
+    env.step(f"open {layout.names[closed]}")
+    assert env.world().looked[closed]
+    env.step(f"close {layout.names[closed]}")
+    assert env.world().looked[closed]  # seen once stays seen

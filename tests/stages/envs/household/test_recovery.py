@@ -96,3 +96,70 @@ def test_a_wrong_object_is_put_back_where_the_agent_stands(suite):
     env.step(f"go to {here}")
     assert env.step(f"take {name} from {here}").info["valid"]
     assert next_command(spec, env.world()).startswith(f"put {name} ") and next_command(spec, env.world()).endswith(here)
+
+
+def _searching_suite(suite):
+    from stages.envs.household import HouseholdSuite
+
+    from .conftest import SPLIT_SIZE
+
+    options = HouseholdSuite.Options(
+        train_size=SPLIT_SIZE, heldout_seen_size=SPLIT_SIZE, heldout_unseen_size=SPLIT_SIZE, recovery="searching"
+    )
+    return HouseholdSuite(options, max_steps=suite.max_steps)
+
+
+@pytest.mark.parametrize("detour", [0, 4, 20])
+def test_the_searching_recovery_wins_after_any_random_detour(suite, detour):
+    searching = _searching_suite(suite)
+    rng = random.Random(detour)
+    env = HouseholdEnv(searching.spec, max_steps=300)
+    for task in searching.tasks("train")[:250]:
+        observation = env.reset(task)
+        for _ in range(detour):
+            observation = env.step(rng.choice(observation.admissible)).observation
+        if not observation.admissible:
+            continue
+        commands, won = _follow(searching, env, observation, 200)
+        assert won, (task.task_id, commands)
+
+
+def test_the_searching_recovery_takes_only_goal_objects_it_has_seen(suite):
+    """Followed from the start, every `take` comes from a receptacle the agent has seen inside."""
+    searching = _searching_suite(suite)
+    env = HouseholdEnv(searching.spec, max_steps=200)
+    takes = 0
+    for task in searching.tasks("train")[:300]:
+        env.reset(task)
+        spec = searching.spec(task)
+        for _ in range(200):
+            world = env.world()
+            command = searching.expert_action(env)
+            if command.startswith("take "):
+                rec = spec.layout.names.index(command.rsplit(" from ", 1)[1])
+                assert world.looked[rec], (task.task_id, command)
+                takes += 1
+            result = env.step(command)
+            if result.done:
+                assert result.won, task.task_id
+                break
+    env.close()
+    assert takes >= 300
+
+
+def test_the_searching_labels_differ_from_the_omniscient_ones_where_the_goal_is_hidden(suite):
+    """From a task's first state (nothing seen yet) the searching label is the first receptacle of the
+    search order; the omniscient label walks to the goal object, a different place on some tasks."""
+    from stages.envs.household.expert import search_order
+
+    searching = _searching_suite(suite)
+    env = searching.make()
+    differ = 0
+    for task in searching.tasks("train")[:200]:
+        env.reset(task)
+        spec = searching.spec(task)
+        label = searching.expert_action(env)
+        assert label == f"go to {spec.layout.names[search_order(spec)[0]]}", (task.task_id, label)
+        differ += label != next_command(spec, env.world())
+    env.close()
+    assert differ > 0
