@@ -56,7 +56,8 @@ class HouseholdSuite:
         self.omniscient = options.expert == "omniscient"
         if options.recovery not in ("searching", "omniscient"):
             raise ValueError(f"recovery must be 'searching' or 'omniscient', got {options.recovery!r}")
-        self.searching_recovery = options.recovery == "searching"
+        self.recovery = options.recovery
+        """Which labels `expert_action` gives (part of a DAgger warm start's cache key)."""
         if max_steps < 1:
             raise ValueError("max_steps must be >= 1")
         for share in (options.unseen_combination_share, options.heldout_seen_share):
@@ -125,7 +126,7 @@ class HouseholdSuite:
         noise-injected demonstrations need."""
         if env.spec is None:
             raise ValueError("expert_action needs an episode in progress (call env.reset first)")
-        return next_command(env.spec, env.world(), searching=self.searching_recovery)
+        return next_command(env.spec, env.world(), searching=self.recovery == "searching")
 
     def vocabulary(self) -> list[str]:
         """Every token of household texts; see `stages.envs.household.text` for the tokenization rule."""

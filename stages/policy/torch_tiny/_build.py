@@ -328,8 +328,9 @@ def cache_key(
         "seed": seed,
         "torch": torch.__version__,
     }
-    if getattr(suite, "searching_recovery", False) and pretrain.dagger_rounds:
-        header["recovery"] = "searching"  # DAgger's labels come from it (the demos' labels are hashed below)
+    recovery = getattr(suite, "recovery", None)  # a suite's choice of recovering expert, if it has one
+    if pretrain.dagger_rounds and recovery not in (None, "omniscient"):
+        header["recovery"] = recovery  # DAgger's labels come from it (the demos' labels are hashed below)
     h.update(json.dumps(header, sort_keys=True).encode())
     for demo in demos:
         h.update(json.dumps([demo.prompt, demo.completion]).encode())

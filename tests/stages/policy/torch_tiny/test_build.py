@@ -75,6 +75,15 @@ def test_dagger_rounds_add_the_states_the_policy_visits(tmp_path) -> None:
     assert len(done["dagger_success"]) == len(done["dagger_losses"]) == 2
 
 
+def test_a_dagger_warm_start_is_cached_per_recovering_expert(tmp_path) -> None:
+    pretrain = PretrainSection(demos=8, epochs=1, lr=1e-3, batch_size=8, dagger_rounds=1, dagger_tasks=4)
+    suite = RecoveringFindSuite(per_split=24)
+    build_policy(_cfg(tmp_path), pretrain, suite, seed=0)
+    suite.recovery = "searching"  # DAgger's labels would come from another expert: another warm start
+    build_policy(_cfg(tmp_path), pretrain, suite, seed=0)
+    assert len(list(tmp_path.glob("*.pt"))) == 2
+
+
 def test_dagger_needs_a_recovering_expert_and_noise_is_skipped_without_one(tmp_path) -> None:
     with pytest.raises(ValueError, match="pretrain.dagger_rounds needs a suite whose expert acts from any state"):
         build_policy(_cfg(tmp_path), PretrainSection(demos=8, epochs=1, dagger_rounds=1), FindSuite(), seed=0)
