@@ -137,6 +137,9 @@ class PretrainSection(_Section):
     """Train tasks played per DAgger round (taken after the demonstration tasks)."""
     dagger_epochs: int = 2
     """Epochs over all demonstrations gathered so far after each DAgger round."""
+    dagger_lr: float = 0.0
+    """Peak learning rate of each DAgger round's training (0 = `lr`): every round restarts the warm-up and
+    cosine schedule, so at the BC peak it shakes the weights BC just converged."""
 
     def problems(self) -> list[str]:
         return _failed(
@@ -148,6 +151,7 @@ class PretrainSection(_Section):
             (self.dagger_rounds >= 0, "pretrain.dagger_rounds must be >= 0"),
             (self.dagger_tasks >= 1, "pretrain.dagger_tasks must be >= 1"),
             (self.dagger_epochs >= 1, "pretrain.dagger_epochs must be >= 1"),
+            (self.dagger_lr >= 0, "pretrain.dagger_lr must be >= 0 (0 = pretrain.lr)"),
         )
 
 

@@ -255,7 +255,7 @@ def dagger(
         )
         packs += [p for e in played for p in pack_episode(e.labelled)]
         losses = train_bc(
-            model, packs, epochs=pretrain.dagger_epochs, lr=pretrain.lr, batch_size=pretrain.batch_size,
+            model, packs, epochs=pretrain.dagger_epochs, lr=pretrain.dagger_lr or pretrain.lr, batch_size=pretrain.batch_size,
             seed=seed + 1 + r, label=name,
         )
         rounds["dagger_success"].append(round(sum(e.won for e in played) / max(1, len(played)), 3))

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import msgspec
 import pytest
 import torch
 from structlog.testing import capture_logs
@@ -73,6 +74,25 @@ def test_dagger_rounds_add_the_states_the_policy_visits(tmp_path) -> None:
         build_policy(_cfg(tmp_path), pretrain, suite, seed=0)
     done = next(e for e in logs if e["event"] == "policy.bc.done")
     assert len(done["dagger_success"]) == len(done["dagger_losses"]) == 2
+
+
+def test_dagger_rounds_train_at_their_own_peak_lr(tmp_path, monkeypatch) -> None:
+    from stages.policy.torch_tiny import _build
+
+    peaks: list[float] = []
+    real = _build.train_bc
+
+    def spy(*args, lr, **kwargs):
+        peaks.append(lr)
+        return real(*args, lr=lr, **kwargs)
+
+    monkeypatch.setattr(_build, "train_bc", spy)
+    pretrain = PretrainSection(demos=8, epochs=1, lr=1e-3, batch_size=8, dagger_rounds=2, dagger_tasks=4, dagger_lr=1e-4)
+    build_policy(_cfg(tmp_path), pretrain, RecoveringFindSuite(per_split=24), seed=0)
+    assert peaks == [1e-3, 1e-4, 1e-4]  # BC, then each DAgger round
+    peaks.clear()
+    build_policy(_cfg(tmp_path / "default"), msgspec.structs.replace(pretrain, dagger_lr=0.0), RecoveringFindSuite(per_split=24), seed=0)
+    assert peaks == [1e-3, 1e-3, 1e-3]  # 0 = pretrain.lr
 
 
 def test_a_dagger_warm_start_is_cached_per_recovering_expert(tmp_path) -> None:
