@@ -120,6 +120,7 @@ async def run_grpo(
             nursery.start_soon(set_on, w.heldout.target_reached, phase.done)
             async with trio.open_nursery() as work:  # everything that trains: cancelled at the last update
                 await work.start(policy.serve)
+                await work.start(w.stages.receive_reports, ctx)  # stage processes' reports, read to the gate's last
                 await work.start(w.stages.run_learner, ctx)
                 if w.stages.gate is not None:
                     await work.start(w.stages.run_gate, ctx)

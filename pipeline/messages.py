@@ -194,8 +194,11 @@ class LearnerDropped(_Message):
 class GateReport(_Message):
     """A gate stage in another process: its statistics and checkpoint counters, sent as they change."""
 
-    statistics: dict[str, float | None]
+    statistics: dict[str, int | float | None]
+    """Counts stay ints on the wire, so the summary reads them as an in-process gate's."""
     counters: dict[str, Any]
+    final: bool = False
+    """Its last report, sent once the parent told it to stop (shadow labels settled): the parent reads to it."""
 
 
 class Metrics(_Message):

@@ -11,7 +11,9 @@ Across processes:
   the weights into the policy (which forwards them to its decoding workers). The runtime announces each
   training group with `GroupExpected` on the results socket, just before the group.
 * the gate process runs the gate stage (steps PULL, control PUSH) and sends a `GateReport` (statistics and
-  checkpoint counters) at most every `REPORT_EVERY_S`; the summary and metrics show the last one.
+  checkpoint counters) at most every `REPORT_EVERY_S`; the metrics show the last one. Told to stop (SIGTERM,
+  when the phase ends), it settles its shadow labels and sends a final `GateReport`, and the parent keeps
+  reading the reports socket until that one arrives (at most `FINAL_REPORT_WAIT_S`): the summary shows it.
 * each sends `StageReady` once its sockets are open; the parent waits for it before it admits groups.
 * a child watches its parent and exits when the parent dies; the parent terminates its children when the
   phase ends, on Ctrl-C and on failure (SIGTERM, then SIGKILL after 5 s), and a child that
@@ -63,6 +65,9 @@ from .transport import Context, open_context
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORT_EVERY_S = 0.5
+FINAL_REPORT_WAIT_S = 5.0
+"""How long the parent reads for the gate's final report once the phase ended: `trio.run_process` kills a
+child that has not exited 5 s after SIGTERM, so nothing can come later."""
 _ADDRESSES = ("steps", "control", "results", "events", "reports")
 
 
@@ -121,6 +126,8 @@ class Stages:
         self._trainer, self._capture_state = trainer, capture_state
         self._reports_out, self.reports = trio.open_memory_channel[Any](8)
         self._ready: dict[str, trio.Event] = {"gate": trio.Event(), "learner": trio.Event()}
+        self._ended: dict[str, trio.Event] = {"gate": trio.Event(), "learner": trio.Event()}
+        """Set when a stage's process ended on its own (it cannot report any more)."""
         self.gate: GateStage | RemoteGate | None = None
         if cfg.gate.enabled:
             self.gate = RemoteGate() if self.remote else GateStage(
@@ -157,41 +164,71 @@ class Stages:
             self.learner.version = self.version
             await self.learner.run(ctx, task_status=task_status)
             return
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self._receive_reports, ctx)
-            state = self._trainer.state_dict()
-            args = (self.cfg, ctx.addresses, str(ctx.run_dir), state, self.version, self._capture_state, os.getpid())
-            await nursery.start(_supervise, "learner", args, self._ready["learner"])
-            task_status.started()
+        state = self._trainer.state_dict()
+        args = (self.cfg, ctx.addresses, str(ctx.run_dir), state, self.version, self._capture_state, os.getpid())
+        await _supervise("learner", args, self._ready["learner"], self._ended["learner"], task_status=task_status)
 
     async def run_gate(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         if isinstance(self.gate, GateStage):
             await self.gate.run(ctx, task_status=task_status)
             return
         args = (self.cfg, ctx.addresses, str(ctx.run_dir), self.gate_counters, os.getpid())
-        await _supervise("gate", args, self._ready["gate"], task_status=task_status)
+        await _supervise("gate", args, self._ready["gate"], self._ended["gate"], task_status=task_status)
 
-    async def _receive_reports(self, ctx: StageContext, *, task_status: Any) -> None:
-        """Own the reports PULL: readiness, gate reports, and learner reports into `self.reports`."""
+    async def receive_reports(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Across processes, own the reports PULL: readiness, gate reports, learner reports into `self.reports`.
+
+        Start it before the stages, in the same nursery: when the phase ends it is cancelled together with the
+        gate's supervisor, which sends the gate process SIGTERM; the gate answers with its final statistics,
+        so the socket is read on (shielded, at most `FINAL_REPORT_WAIT_S`) until they arrive, then closed.
+        (Under a stage's own nursery, a failure of that stage would end this task before the gate was told
+        to stop.) In-process there is no socket: the learner sends into `self.reports` itself."""
+        if not self.remote:
+            task_status.started()
+            return
         t = ctx.addresses
         pull = ctx.zmq.socket("pull", t.reports, bind=True, receives=ReportStream, hwm=t.hwm, name="reports")
         async with pull, self._reports_out:
             task_status.started()
-            async for message in pull:
-                match message:
-                    case StageReady(stage=stage):
-                        if isinstance(self.gate, RemoteGate) and stage == "gate":
-                            self.gate.name, self.gate.shadow = message.gate, message.shadow
-                        self._ready[stage].set()
-                    case GateReport() if isinstance(self.gate, RemoteGate):
-                        self.gate._statistics, self.gate._counters = message.statistics, message.counters
-                    case LearnerDropped(zero_variance=zv, cut=cut):
-                        await self._reports_out.send(GroupsConsumed(zero_variance=zv, cut=cut))
-                    case LearnerUpdated():
-                        await self._reports_out.send(LearnerReport(
-                            version=message.version, stats=message.stats, train_seconds=message.train_seconds,
-                            weights=_from_bytes(message.weights), trainer_state=_from_bytes(message.trainer_state),
-                            groups_trained=message.groups_trained))
+            try:
+                async for message in pull:
+                    await self._take(message)
+            finally:
+                if self._final_gate_report_due():
+                    with trio.move_on_after(FINAL_REPORT_WAIT_S, shield=True):
+                        await self._read_final_gate_report(pull)
+
+    def _final_gate_report_due(self) -> bool:
+        """A gate process that reported ready and still runs answers its stop with a final report."""
+        return isinstance(self.gate, RemoteGate) and self._ready["gate"].is_set() and not self._ended["gate"].is_set()
+
+    async def _read_final_gate_report(self, pull: Any) -> None:
+        """Read to the gate's final report; a learner's report now comes after the last update: not counted."""
+        async for message in pull:
+            if isinstance(message, GateReport):
+                self._take_gate_report(message)
+                if message.final:
+                    return
+
+    def _take_gate_report(self, message: GateReport) -> None:
+        assert isinstance(self.gate, RemoteGate)
+        self.gate._statistics, self.gate._counters = message.statistics, message.counters
+
+    async def _take(self, message: ReportStream) -> None:
+        match message:
+            case StageReady(stage=stage):
+                if isinstance(self.gate, RemoteGate) and stage == "gate":
+                    self.gate.name, self.gate.shadow = message.gate, message.shadow
+                self._ready[stage].set()
+            case GateReport() if isinstance(self.gate, RemoteGate):
+                self._take_gate_report(message)
+            case LearnerDropped(zero_variance=zv, cut=cut):
+                await self._reports_out.send(GroupsConsumed(zero_variance=zv, cut=cut))
+            case LearnerUpdated():
+                await self._reports_out.send(LearnerReport(
+                    version=message.version, stats=message.stats, train_seconds=message.train_seconds,
+                    weights=_from_bytes(message.weights), trainer_state=_from_bytes(message.trainer_state),
+                    groups_trained=message.groups_trained))
 
 
 class _SocketAnnouncer:
@@ -203,24 +240,26 @@ class _SocketAnnouncer:
         await self._channel.send(group)
 
 
-async def _supervise(name: str, args: tuple[Any, ...], ready: trio.Event, *, task_status: Any) -> None:
+async def _supervise(name: str, args: tuple[Any, ...], ready: trio.Event, ended: trio.Event, *, task_status: Any) -> None:
     """Run stage `name` in a child process (`python -m pipeline.processes`); started once it reported ready.
 
     Cancelled (the phase ended, Ctrl-C, a failure elsewhere), `trio.run_process` terminates the child
-    (SIGTERM, SIGKILL after 5 s) and waits for it; a child that exits on its own fails the run."""
+    (SIGTERM, SIGKILL after 5 s) and waits for it; a child that exits on its own sets `ended` (no report
+    of it can come any more) and fails the run."""
     with tempfile.TemporaryDirectory(prefix=f"rollcut-{name}-") as folder:  # 0700: the arguments stay private
         path = Path(folder) / "args.pkl"
         path.write_bytes(pickle.dumps((sys.path, pickle.dumps(args))))  # the child imports what this process can
         command = [sys.executable, "-m", "pipeline.processes", name, str(path)]
         env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_run_child, name, command, env)
+            nursery.start_soon(_run_child, name, command, env, ended)
             await ready.wait()
             task_status.started()
 
 
-async def _run_child(name: str, command: list[str], env: dict[str, str]) -> None:
+async def _run_child(name: str, command: list[str], env: dict[str, str], ended: trio.Event) -> None:
     process = await trio.run_process(command, check=False, env=env)
+    ended.set()
     raise StageFailed(name, f"its process exited with code {process.returncode} (its stderr is above)")
 
 
@@ -288,17 +327,32 @@ async def _serve_gate(cfg: RunConfig, t: TransportSection, run_dir: str, counter
                      shadow=cfg.gate.shadow, options=cfg.gate.options)
     if counters is not None:
         gate.load_counters(counters)
-    async with _child(t, parent) as (zmq, reports, nursery):
+    async with _child(t, parent) as (zmq, reports, _):
         ctx = StageContext(zmq=zmq, addresses=t, run_dir=Path(run_dir), profiler=Profiler(enabled=False))
-        await nursery.start(gate.run, ctx)
-        await reports.send(StageReady(stage="gate", gate=gate.gate.name, shadow=gate.shadow))
-        last: dict[str, Any] = {}
-        while True:
-            await trio.sleep(REPORT_EVERY_S)
-            stats = dict(gate.statistics())
-            if stats != last:
-                await reports.send(GateReport(statistics=stats, counters=gate.counters_state()))
-                last = stats
+        # The parent stops this process with SIGTERM when the phase ends; the statistics since the last
+        # periodic report (all of them, in a phase shorter than REPORT_EVERY_S) would die with it.
+        with trio.open_signal_receiver(signal.SIGTERM) as stop_requests:  # before ready: every stop is answered
+            async with trio.open_nursery() as serving:
+                await serving.start(gate.run, ctx)
+                await reports.send(StageReady(stage="gate", gate=gate.gate.name, shadow=gate.shadow))
+                serving.start_soon(_report_changes, gate, reports)
+                async for _ in stop_requests:
+                    break
+                serving.cancel_scope.cancel()  # the step stream ends here, as the in-process gate's does
+        gate.finish()  # settle pending shadow labels, as `run_grpo` does for a gate in its process
+        await reports.send(GateReport(statistics=dict(gate.statistics()), counters=gate.counters_state(), final=True))
+        # leaving `_child` closes the socket with its linger and ctx.term() flushes this last frame
+
+
+async def _report_changes(gate: GateStage, reports: Any) -> None:
+    """A `GateReport` at most every REPORT_EVERY_S, when the statistics changed (the metrics rows read it)."""
+    last: dict[str, Any] = {}
+    while True:
+        await trio.sleep(REPORT_EVERY_S)
+        stats = dict(gate.statistics())
+        if stats != last:
+            await reports.send(GateReport(statistics=stats, counters=gate.counters_state()))
+            last = stats
 
 
 _SERVE = {"learner": _serve_learner, "gate": _serve_gate}

@@ -73,6 +73,7 @@ WORKER_EXAMPLES = [
     (LearnerUpdated(version=2, stats={"learner/loss": 0.1}, train_seconds=1.5, groups_trained=8, weights=b"w", trainer_state=b"s"), ReportStream),
     (LearnerDropped(zero_variance=True), ReportStream),
     (GateReport(statistics={"gate/decisions": 3.0, "gate/us_per_decision": None}, counters={"cuts": 1, "groups_by_kind": {"group": 2}}), ReportStream),
+    (GateReport(statistics={"gate/decisions/group": 3, "gate/us_per_decision": 41.5}, counters={}, final=True), ReportStream),
 ]
 
 
@@ -109,3 +110,10 @@ def test_a_new_optional_field_still_decodes_old_frames():
 
     old = msgspec.msgpack.encode(EXAMPLES[1])
     assert msgspec.msgpack.decode(old, type=StepEventV2).latency_s == 0.0
+
+
+def test_a_gate_report_keeps_its_counts_ints():
+    frame = msgspec.msgpack.encode(GateReport(statistics={"gate/decisions": 3, "gate/us_per_decision": 41.5}, counters={}))
+    back = msgspec.msgpack.decode(frame, type=ReportStream)
+    assert type(back.statistics["gate/decisions"]) is int and back.statistics["gate/us_per_decision"] == 41.5
+    assert back.final is False  # periodic unless the gate process says it is its last
