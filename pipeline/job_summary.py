@@ -129,5 +129,6 @@ def _throughput_figures(
         "trajectories_failed": outcome.rollout.trajectories_failed,
         "generated_tokens": generated_tokens,
         "learner_updates": learner.updates,
-        "train_success_rate": tally.successes / tally.rollouts_finished if tally.rollouts_finished else None,  # uncut groups only (a gate cuts mostly failing ones)
+        # of uncut groups only: a gate cuts mostly failing ones, so with cuts this reads high
+        "train_success_rate": tally.successes / tally.rollouts_finished if tally.rollouts_finished else None,
     }

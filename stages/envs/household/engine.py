@@ -170,19 +170,35 @@ class HouseholdEnv:
     def _visible(self, rec: int) -> bool:
         return self._is_open[rec] or not self._s.openable[rec]
 
+    def _go(self, name: str) -> str | None:
+        """Walk to receptacle `name`; what is on or in it shows if it is open-view or open."""
+        s = self._s
+        rec = s.index.get(name, -1)
+        if rec < 0 or rec == self._loc:
+            return None
+        self._loc = rec
+        self._visited[rec] = True
+        self._looked[rec] = self._looked[rec] or self._visible(rec)
+        return s.arrive[rec] + self._view(rec)
+
+    def _open_or_close(self, opening: bool, here: str) -> str | None:
+        """Open or close the receptacle the agent stands at (`here`); opening shows its inside."""
+        loc = self._loc
+        if not self._s.openable[loc] or self._is_open[loc] == opening:
+            return None
+        self._is_open[loc] = opening
+        if not opening:
+            return T.CLOSED_IT.format(rec=here)
+        self._looked[loc] = True
+        return T.OPENED.format(rec=here, things=self._things(loc))
+
     def _apply(self, command: Command) -> str | None:
         """Carry out `command` if it is possible now and return its feedback; None if it is not."""
         verb, first, second, preposition = command
         s = self._s
         loc = self._loc
         if verb == "go":
-            rec = s.index.get(first, -1)
-            if rec < 0 or rec == loc:
-                return None
-            self._loc = rec
-            self._visited[rec] = True
-            self._looked[rec] = self._looked[rec] or self._visible(rec)
-            return s.arrive[rec] + self._view(rec)
+            return self._go(first)
         if verb == "look":
             if loc < 0:
                 return s.intro
@@ -193,13 +209,7 @@ class HouseholdEnv:
             return None
         here = self._spec.layout.names[loc]
         if verb in ("open", "close"):
-            if first != here or not s.openable[loc] or self._is_open[loc] == (verb == "open"):
-                return None
-            self._is_open[loc] = verb == "open"
-            self._looked[loc] = self._looked[loc] or verb == "open"  # opening shows the inside
-            if verb == "close":
-                return T.CLOSED_IT.format(rec=here)
-            return T.OPENED.format(rec=here, things=self._things(loc))
+            return self._open_or_close(verb == "open", first) if first == here else None
         if verb == "examine":
             if first == here:
                 return self._view(loc)

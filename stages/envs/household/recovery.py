@@ -49,10 +49,11 @@ def next_command(spec: TaskSpec, world: WorldState, *, searching: bool = False) 
     if spec.target < 0:  # look_at_obj_in_light: hold a goal object at the lamp, lamp on
         if held >= 0 and _kind(world.names[held]) == goal:
             lamp_at = spec.layout.lamp_at
-            if searching and not world.visited[lamp_at]:
-                unvisited = [rec for rec in lamp_order(spec) if not world.visited[rec]]
-                lamp_at = unvisited[0] if unvisited else lamp_at
-            return f"go to {names[lamp_at]}" if world.loc != spec.layout.lamp_at else f"use {LAMP} 1"
+            if world.loc == lamp_at:
+                return f"use {LAMP} 1"
+            if searching and not world.visited[lamp_at]:  # lamp_order holds lamp_at: one is unvisited
+                lamp_at = next(rec for rec in lamp_order(spec) if not world.visited[rec])
+            return f"go to {names[lamp_at]}"
         if held >= 0:
             return _put_back(spec, world)
         return _fetch(spec, world, exclude=(), searching=searching)

@@ -51,11 +51,10 @@ class HouseholdSuite:
                 raise ValueError(f"families must be a non-empty subset of {FAMILIES}, got {list(self.families)}")
 
     def __init__(self, options: Options = Options(), *, max_steps: int = 30) -> None:  # noqa: B008 (a frozen Struct)
-        if options.expert not in ("searching", "omniscient"):
-            raise ValueError(f"expert must be 'searching' or 'omniscient', got {options.expert!r}")
+        for option in ("expert", "recovery"):  # a Literal is checked when decoded, not when built in Python
+            if getattr(options, option) not in ("searching", "omniscient"):
+                raise ValueError(f"{option} must be 'searching' or 'omniscient', got {getattr(options, option)!r}")
         self.omniscient = options.expert == "omniscient"
-        if options.recovery not in ("searching", "omniscient"):
-            raise ValueError(f"recovery must be 'searching' or 'omniscient', got {options.recovery!r}")
         self.recovery = options.recovery
         """Which labels `expert_action` gives (part of a DAgger warm start's cache key)."""
         if max_steps < 1:

@@ -3,10 +3,12 @@ import random
 import pytest
 
 from stages.envs.base import SPLITS, RecoveringExpert
-from stages.envs.household import HouseholdEnv
+from stages.envs.household import HouseholdEnv, HouseholdSuite
 from stages.envs.household.catalog import RECEPTACLE_KINDS
-from stages.envs.household.expert import plan
+from stages.envs.household.expert import plan, search_order
 from stages.envs.household.recovery import next_command
+
+from .conftest import SPLIT_SIZE
 
 
 def _follow(suite, env, observation, limit: int) -> tuple[list[str], bool]:
@@ -99,10 +101,6 @@ def test_a_wrong_object_is_put_back_where_the_agent_stands(suite):
 
 
 def _searching_suite(suite):
-    from stages.envs.household import HouseholdSuite
-
-    from .conftest import SPLIT_SIZE
-
     options = HouseholdSuite.Options(
         train_size=SPLIT_SIZE, heldout_seen_size=SPLIT_SIZE, heldout_unseen_size=SPLIT_SIZE, recovery="searching"
     )
@@ -150,8 +148,6 @@ def test_the_searching_recovery_takes_only_goal_objects_it_has_seen(suite):
 def test_the_searching_labels_differ_from_the_omniscient_ones_where_the_goal_is_hidden(suite):
     """From a task's first state (nothing seen yet) the searching label is the first receptacle of the
     search order; the omniscient label walks to the goal object, a different place on some tasks."""
-    from stages.envs.household.expert import search_order
-
     searching = _searching_suite(suite)
     env = searching.make()
     differ = 0
