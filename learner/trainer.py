@@ -67,12 +67,14 @@ def build_items(
     learner_version: int = 0,
     max_staleness: int | None = None,
     keep_zero_advantage: bool = False,
+    negative_weight: float = 1.0,
 ) -> tuple[list[TrainItem], ItemCounts]:
     """Training items of every turn of every usable trajectory, and what was left out.
 
     Failed trajectories (env or policy error) are left out of their group's baseline; a group with fewer
     than two usable trajectories contributes nothing; zero-advantage trajectories contribute nothing
-    unless `keep_zero_advantage` (the reference's dilution); turns older than `max_staleness` versions
+    unless `keep_zero_advantage` (the reference's dilution); negative advantages are scaled by
+    `negative_weight` (0 = positive-sample reinforcement: failures then contribute nothing); turns older than `max_staleness` versions
     are dropped and counted.
     """
     items: list[TrainItem] = []
@@ -87,6 +89,8 @@ def build_items(
         advantages = group_advantages(torch.tensor([t.reward for t in usable], dtype=torch.float64), eps)  # [G]
         for trajectory, advantage in zip(usable, advantages.tolist(), strict=True):
             trajectory_index += 1
+            if advantage < 0:
+                advantage *= negative_weight
             for turn in trajectory.turns:
                 if not turn.token_ids:
                     continue
@@ -168,7 +172,7 @@ class Trainer:
         torch.set_num_threads(self.cfg.torch_threads)
         items, counts = build_items(
             groups, self.cfg.adv_eps, learner_version=version, max_staleness=self.cfg.max_staleness,
-            keep_zero_advantage=self.cfg.keep_zero_advantage_items,
+            keep_zero_advantage=self.cfg.keep_zero_advantage_items, negative_weight=self.cfg.negative_weight,
         )
         if self.cfg.max_items and len(items) > self.cfg.max_items:
             items = self._rng.sample(items, self.cfg.max_items)

@@ -243,6 +243,10 @@ class LearnerSection(_Section):
     clip_eps: float = 0.2
     adv_eps: float = 1e-6
     drop_zero_variance: bool = True
+    negative_weight: float = 1.0
+    """Scale of negative advantages: 1 = GRPO; 0 = positive-sample reinforcement (learn from a group's
+    better-than-average trajectories only; Zhu et al. 2025 find it sharpens pass@1 while full GRPO keeps
+    pass@k). Turns whose scaled advantage is 0 are left out like zero-advantage turns."""
     keep_zero_advantage_items: bool = False
     """Train on zero-advantage turns too (they add no gradient but dilute the mean: the reference's setting)."""
     max_staleness: int = 1
@@ -275,6 +279,7 @@ class LearnerSection(_Section):
             (self.norm_tokens > 0, "learner.norm_tokens must be > 0"),
             (self.kl_coef >= 0, "learner.kl_coef must be >= 0"),
             (self.max_kl >= 0, "learner.max_kl must be >= 0"),
+            (0 <= self.negative_weight <= 1, "learner.negative_weight must be in [0, 1]"),
         )
 
 

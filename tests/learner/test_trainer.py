@@ -82,6 +82,17 @@ def test_zero_advantage_items_are_kept_only_when_asked():
     assert len(items) == 4 and sorted(it.advantage for it in items)[1:3] == [0.0, 0.0]
 
 
+def test_negative_weight_scales_failures_down_to_positive_sample_reinforcement():
+    model = BigramModel()
+    groups = [_group(model, 0, [1.0, 0.0, 0.0, 0.0])]
+    full, _ = build_items(groups, eps=1e-6)
+    half, _ = build_items(groups, eps=1e-6, negative_weight=0.5)
+    assert [h.advantage for h in half] == pytest.approx([f.advantage * (0.5 if f.advantage < 0 else 1) for f in full])
+    positive, counts = build_items(groups, eps=1e-6, negative_weight=0.0)
+    assert [it.advantage for it in positive] == pytest.approx([full[0].advantage]) and full[0].advantage > 0
+    assert counts.zero_advantage == 3  # the failures' turns are left out, as zero-advantage turns are
+
+
 def test_turns_older_than_the_staleness_bound_are_dropped_and_counted():
     model = BigramModel()
     groups = [_group(model, 0, [1.0, 0.0], version=3), _group(model, 1, [1.0, 0.0], version=5)]
