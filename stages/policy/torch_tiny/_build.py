@@ -57,6 +57,9 @@ class TinyOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """List the admissible commands in the prompt (longer prompts; parsing maps to them anyway)."""
     max_obs_tokens: int = 64
     max_prompt_tokens: int = 200
+    memory: bool = False
+    """Earlier turns' actions stay in the prompt after their observations leave the history window
+    (`PromptFormat.memory`): what a searching agent needs to know where it has looked."""
     fuzzy_cutoff: float = 75.0
     """rapidfuzz ratio (0-100) a generated command needs to be mapped to an admissible one."""
     choose_admissible: bool = False
@@ -108,6 +111,7 @@ def build_policy(
         show_admissible=opts.show_admissible,
         max_obs_tokens=opts.max_obs_tokens,
         max_prompt_tokens=opts.max_prompt_tokens,
+        memory=opts.memory,
     )
     model_cfg = ModelConfig(
         vocab_size=len(tokenizer),
@@ -298,6 +302,8 @@ def bc_report(
 
 
 _NOT_IN_KEY = ("threads", "bc_threads", "bc_eval_tasks", "bc_group_tasks")
+_KEYED_WHEN_SET = ("memory",)
+"""Options added after checkpoints were first cached: hashed only when set, so those checkpoints stay valid."""
 """Options that change speed or the report only, never the weights (thread counts change float rounding
 at most), so a checkpoint is reused whatever they are. `choose_admissible` joins them unless DAgger runs
 (DAgger's states come from the policy's own, possibly constrained, decoding)."""
@@ -323,6 +329,7 @@ def cache_key(
         "options": {
             k: v for k, v in msgspec.to_builtins(opts).items()
             if k not in _NOT_IN_KEY and (k != "choose_admissible" or (v and pretrain.dagger_rounds))
+            and (k not in _KEYED_WHEN_SET or v)
         },
         "pretrain": {k: v for k, v in msgspec.to_builtins(pretrain).items() if k != "enabled"},
         "seed": seed,

@@ -3,6 +3,7 @@
 Prompt layout, one line per piece for reading (the model sees section markers, not newlines):
 
     <bos> <task> put a clean mug in cabinet 1
+    [<act> {earlier action} <act> {earlier action} ...]     only with memory
     <obs> {observation t-2, first `max_obs_tokens` words} <act> {action t-2}
     <obs> {observation t-1} <act> {action t-1}
     <obs> {observation t}
@@ -12,6 +13,12 @@ Prompt layout, one line per piece for reading (the model sees section markers, n
 and the completion is `{action} <eos>`. Behaviour cloning trains on exactly these prompts, so what the
 model sees at act time is what it was trained on. When a prompt would exceed `max_prompt_tokens`, the
 oldest history pairs go first, then trailing admissible commands, then the current observation's tail.
+
+`memory`: the turns before the shown pairs keep their action only, each distinct action once (its first
+time), so a long episode still shows where the agent has been and what it opened or took. Without it a
+turn that leaves the history window is forgotten, and an agent searching a room cannot tell which
+receptacles it has already looked into. When the prompt is over budget, memory entries are dropped
+(oldest first) after the history pairs beyond the most recent `memory_keeps_pairs`.
 """
 
 from __future__ import annotations
@@ -35,6 +42,10 @@ class PromptFormat:
     max_obs_tokens: int = 40
     """Words kept from each observation (its beginning)."""
     max_prompt_tokens: int = 200
+    memory: bool = False
+    """Show the actions of turns before the history pairs, each distinct action once (see the module doc)."""
+    memory_keeps_pairs: int = 2
+    """With memory, the most recent history pairs that outrank memory entries when the budget is short."""
 
     def build(self, ctx: AgentContext) -> list[int]:
         tok = self.tokenizer
@@ -46,10 +57,17 @@ class PromptFormat:
         if cmds:
             cmds[0][0] = tok.cmds_id
         tail = [tok.act_id]
+        earlier = ctx.history[: len(ctx.history) - len(shown)] if self.memory else ()
+        memory = [[tok.act_id, *tok.encode(a)] for a in dict.fromkeys(a for _, a in earlier)]
 
         def size() -> int:
-            return len(head) + sum(map(len, pairs)) + len(obs) + sum(map(len, cmds)) + len(tail)
+            return (len(head) + sum(map(len, memory)) + sum(map(len, pairs)) + len(obs) + sum(map(len, cmds))
+                    + len(tail))
 
+        while len(pairs) > self.memory_keeps_pairs and memory and size() > self.max_prompt_tokens:
+            pairs.pop(0)
+        while memory and size() > self.max_prompt_tokens:
+            memory.pop(0)
         while pairs and size() > self.max_prompt_tokens:
             pairs.pop(0)
         while cmds and size() > self.max_prompt_tokens:
@@ -57,7 +75,7 @@ class PromptFormat:
         excess = size() - self.max_prompt_tokens
         if excess > 0:
             obs = obs[: max(1, len(obs) - excess)]
-        ids = [*head, *(t for p in pairs for t in p), *obs, *(t for c in cmds for t in c), *tail]
+        ids = [*head, *(t for m in memory for t in m), *(t for p in pairs for t in p), *obs, *(t for c in cmds for t in c), *tail]
         if len(ids) > self.max_prompt_tokens:  # only a task text longer than the budget gets here
             ids = [*ids[: self.max_prompt_tokens - 1], *tail]
         return ids

@@ -67,3 +67,35 @@ def test_prompt_budget_drops_oldest_history_then_commands(tokenizer: WordTokeniz
     )
     assert one_pair_less.count(tokenizer.obs_id) == 4  # the oldest pair went first
     assert one_pair_less.count(tokenizer.cmds_id) == 1
+
+
+def test_memory_keeps_each_earlier_action_once_after_its_observation_leaves_the_window(tokenizer: WordTokenizer) -> None:
+    history = (
+        ("you are in a room.", "go to shelf 1"),
+        ("you arrive at shelf 1.", "go to shelf 2"),
+        ("you arrive at shelf 2.", "go to shelf 1"),  # a repeat: remembered once
+        ("you arrive at shelf 1.", "look"),
+    )
+    ctx = AgentContext("take the key", "you are in a room.", ADMISSIBLE, history)
+    plain = PromptFormat(tokenizer, history=1, max_prompt_tokens=200).build(ctx)
+    remembering = PromptFormat(tokenizer, history=1, max_prompt_tokens=200, memory=True).build(ctx)
+    assert tokenizer.decode(plain) == "take the key you arrive at shelf 1. look you are in a room."
+    assert tokenizer.decode(remembering) == (
+        "take the key go to shelf 1 go to shelf 2 you arrive at shelf 1. look you are in a room."
+    )
+    assert remembering.count(tokenizer.act_id) == 4 and remembering.count(tokenizer.obs_id) == 2
+    assert PromptFormat(tokenizer, history=8, max_prompt_tokens=200, memory=True).build(ctx) == PromptFormat(
+        tokenizer, history=8, max_prompt_tokens=200
+    ).build(ctx)  # nothing has left the window yet
+
+
+def test_memory_outranks_old_pairs_but_not_the_latest_when_the_budget_is_short(tokenizer: WordTokenizer) -> None:
+    ctx = _ctx(6)
+    full = PromptFormat(tokenizer, history=3, max_prompt_tokens=500, memory=True, memory_keeps_pairs=1)
+    n = len(full.build(ctx))
+    for budget in range(12, n + 1):
+        ids = PromptFormat(tokenizer, history=3, max_prompt_tokens=budget, memory=True, memory_keeps_pairs=1).build(ctx)
+        assert len(ids) <= budget and ids[-1] == tokenizer.act_id
+    short = PromptFormat(tokenizer, history=3, max_prompt_tokens=n - 1, memory=True, memory_keeps_pairs=1).build(ctx)
+    assert short.count(tokenizer.obs_id) == 3  # the oldest pair went first, the memory stayed
+    assert short.count(tokenizer.act_id) == full.build(ctx).count(tokenizer.act_id) - 1
