@@ -43,7 +43,11 @@ def _policy(show_admissible: bool, choose_admissible: bool) -> tuple[TorchTinyPo
     torch.manual_seed(0)
     model = TinyLM(ModelConfig(vocab_size=len(tokenizer), pad_id=tokenizer.pad_id, layers=2, d_model=64, heads=2, max_len=104))
     sampling = SamplingConfig(
-        temperature=TEMPERATURE, top_p=TOP_P, max_new_tokens=12, max_batch=16, max_wait_ms=0.5,
+        # Batches close when all 4 rollouts' requests are in (max_batch) and torch runs on one thread, so
+        # the decoding's float rounding, and with it the top-p nucleus at its boundary, is the same every
+        # run: with a 0.5 ms window the batch sizes followed the machine's load, and one token in a
+        # full-suite run fell on the other side of the nucleus boundary (a 4e-3 log-prob difference).
+        temperature=TEMPERATURE, top_p=TOP_P, max_new_tokens=12, max_batch=4, max_wait_ms=200,
         choose_admissible=choose_admissible,
     )
     return TorchTinyPolicy(model, fmt, sampling, seed=5), fmt, suite
@@ -66,9 +70,12 @@ async def _roll_out(policy: TorchTinyPolicy, suite, size: int = 4) -> GroupResul
     ids=["history", "history+admissible", "choose_admissible"],
 )
 def rolled(request):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     policy, fmt, suite = _policy(*request.param)
     result = trio.run(_roll_out, policy, suite)
-    return policy, fmt, suite, result
+    yield policy, fmt, suite, result
+    torch.set_num_threads(threads)
 
 
 def _replayed_contexts(suite, result: GroupResult, trajectory) -> list[AgentContext]:
