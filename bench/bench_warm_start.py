@@ -49,11 +49,11 @@ def main(args: argparse.Namespace) -> None:
     how = "loaded from the cache" if cached else "trained"
     print(f"\nwarm start {how} in {built_s:.0f} s; evaluation {report['eval_s']:.0f} s")
     print("| demos | epochs | noise | DAgger rounds x tasks | seen | unseen | groups fail / mixed / succeed |")
-    print(
-        f"| {p.demos} | {p.epochs} | {p.noise} | {p.dagger_rounds} x {p.dagger_tasks} "
-        f"| {report['success_heldout_seen']:.3f} | {report['success_heldout_unseen']:.3f} "
-        f"| {report['groups_all_fail']} / {report['groups_mixed']} / {report['groups_all_succeed']} |"
+    groups = (
+        f"{report['groups_all_fail']} / {report['groups_mixed']} / {report['groups_all_succeed']}" if args.groups else "not measured"
     )
+    seen, unseen = (f"{report[k]:.3f}" if k in report else "not measured" for k in ("success_heldout_seen", "success_heldout_unseen"))
+    print(f"| {p.demos} | {p.epochs} | {p.noise} | {p.dagger_rounds} x {p.dagger_tasks} | {seen} | {unseen} | {groups} |")
 
 
 if __name__ == "__main__":
