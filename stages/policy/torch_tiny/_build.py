@@ -60,6 +60,8 @@ class TinyOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     memory: bool = False
     """Earlier turns' actions stay in the prompt after their observations leave the history window
     (`PromptFormat.memory`): what a searching agent needs to know where it has looked."""
+    pin_first: bool = False
+    """Keep the episode's first observation (the room's listing) in the prompt (`PromptFormat.pin_first`)."""
     fuzzy_cutoff: float = 75.0
     """rapidfuzz ratio (0-100) a generated command needs to be mapped to an admissible one."""
     choose_admissible: bool = False
@@ -112,6 +114,7 @@ def build_policy(
         max_obs_tokens=opts.max_obs_tokens,
         max_prompt_tokens=opts.max_prompt_tokens,
         memory=opts.memory,
+        pin_first=opts.pin_first,
     )
     model_cfg = ModelConfig(
         vocab_size=len(tokenizer),
@@ -302,7 +305,7 @@ def bc_report(
 
 
 _NOT_IN_KEY = ("threads", "bc_threads", "bc_eval_tasks", "bc_group_tasks")
-_KEYED_WHEN_SET = ("memory",)
+_KEYED_WHEN_SET = ("memory", "pin_first")
 """Options added after checkpoints were first cached: hashed only when set, so those checkpoints stay valid."""
 """Options that change speed or the report only, never the weights (thread counts change float rounding
 at most), so a checkpoint is reused whatever they are. `choose_admissible` joins them unless DAgger runs

@@ -3,6 +3,7 @@
 Prompt layout, one line per piece for reading (the model sees section markers, not newlines):
 
     <bos> <task> put a clean mug in cabinet 1
+    [<obs> {the episode's first observation}]               only with pin_first, once it left the window
     [<act> {earlier action} <act> {earlier action} ...]     only with memory
     <obs> {observation t-2, first `max_obs_tokens` words} <act> {action t-2}
     <obs> {observation t-1} <act> {action t-1}
@@ -17,8 +18,10 @@ oldest history pairs go first, then trailing admissible commands, then the curre
 `memory`: the turns before the shown pairs keep their action only, each distinct action once (its first
 time), so a long episode still shows where the agent has been and what it opened or took. Without it a
 turn that leaves the history window is forgotten, and an agent searching a room cannot tell which
-receptacles it has already looked into. When the prompt is over budget, memory entries are dropped
-(oldest first) after the history pairs beyond the most recent `memory_keeps_pairs`.
+receptacles it has already looked into. `pin_first` keeps the first observation too (in the household
+env, the room's listing: every receptacle there is to search). When the prompt is over budget, the
+history pairs beyond the most recent `memory_keeps_pairs` go first, then memory entries (oldest first),
+then the pinned observation, then the remaining pairs.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ class PromptFormat:
     """Show the actions of turns before the history pairs, each distinct action once (see the module doc)."""
     memory_keeps_pairs: int = 2
     """With memory, the most recent history pairs that outrank memory entries when the budget is short."""
+    pin_first: bool = False
+    """Keep the episode's first observation (a room's listing) once its turn has left the history window."""
 
     def build(self, ctx: AgentContext) -> list[int]:
         tok = self.tokenizer
@@ -59,15 +64,19 @@ class PromptFormat:
         tail = [tok.act_id]
         earlier = ctx.history[: len(ctx.history) - len(shown)] if self.memory else ()
         memory = [[tok.act_id, *tok.encode(a)] for a in dict.fromkeys(a for _, a in earlier)]
+        left_window = len(ctx.history) > len(shown)
+        pinned = [tok.obs_id, *self._observation(ctx.history[0][0])] if self.pin_first and left_window else []
 
         def size() -> int:
-            return (len(head) + sum(map(len, memory)) + sum(map(len, pairs)) + len(obs) + sum(map(len, cmds))
-                    + len(tail))
+            return (len(head) + len(pinned) + sum(map(len, memory)) + sum(map(len, pairs)) + len(obs)
+                    + sum(map(len, cmds)) + len(tail))
 
-        while len(pairs) > self.memory_keeps_pairs and memory and size() > self.max_prompt_tokens:
+        while len(pairs) > self.memory_keeps_pairs and (memory or pinned) and size() > self.max_prompt_tokens:
             pairs.pop(0)
         while memory and size() > self.max_prompt_tokens:
             memory.pop(0)
+        if pinned and size() > self.max_prompt_tokens:
+            pinned = []
         while pairs and size() > self.max_prompt_tokens:
             pairs.pop(0)
         while cmds and size() > self.max_prompt_tokens:
@@ -75,7 +84,8 @@ class PromptFormat:
         excess = size() - self.max_prompt_tokens
         if excess > 0:
             obs = obs[: max(1, len(obs) - excess)]
-        ids = [*head, *(t for m in memory for t in m), *(t for p in pairs for t in p), *obs, *(t for c in cmds for t in c), *tail]
+        ids = [*head, *pinned, *(t for m in memory for t in m), *(t for p in pairs for t in p), *obs,
+               *(t for c in cmds for t in c), *tail]
         if len(ids) > self.max_prompt_tokens:  # only a task text longer than the budget gets here
             ids = [*ids[: self.max_prompt_tokens - 1], *tail]
         return ids

@@ -99,3 +99,18 @@ def test_memory_outranks_old_pairs_but_not_the_latest_when_the_budget_is_short(t
     short = PromptFormat(tokenizer, history=3, max_prompt_tokens=n - 1, memory=True, memory_keeps_pairs=1).build(ctx)
     assert short.count(tokenizer.obs_id) == 3  # the oldest pair went first, the memory stayed
     assert short.count(tokenizer.act_id) == full.build(ctx).count(tokenizer.act_id) - 1
+
+
+def test_pin_first_keeps_the_first_observation_once_its_turn_left_the_window(tokenizer: WordTokenizer) -> None:
+    history = (("you see shelf 1, shelf 2.", "go to shelf 1"), ("you arrive at shelf 1.", "go to shelf 2"))
+    ctx = AgentContext("take the key", "you arrive at shelf 2.", ADMISSIBLE, history)
+    fmt = PromptFormat(tokenizer, history=1, max_prompt_tokens=200, memory=True, pin_first=True)
+    assert tokenizer.decode(fmt.build(ctx)) == (
+        "take the key you see shelf 1, shelf 2. go to shelf 1 you arrive at shelf 1. go to shelf 2 you arrive at shelf 2."
+    )
+    in_window = PromptFormat(tokenizer, history=2, max_prompt_tokens=200, memory=True, pin_first=True)
+    assert in_window.build(ctx) == PromptFormat(tokenizer, history=2, max_prompt_tokens=200).build(ctx)
+    n = len(fmt.build(ctx))
+    assert fmt.build(ctx).count(tokenizer.obs_id) == 3
+    short = PromptFormat(tokenizer, history=1, max_prompt_tokens=n - 1, memory=True, pin_first=True, memory_keeps_pairs=1)
+    assert short.build(ctx).count(tokenizer.obs_id) == 3  # the memory entry went, the pinned listing stayed
