@@ -62,6 +62,8 @@ class TinyOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     (`PromptFormat.memory`): what a searching agent needs to know where it has looked."""
     pin_first: bool = False
     """Keep the episode's first observation (the room's listing) in the prompt (`PromptFormat.pin_first`)."""
+    pin_tokens: int = 0
+    """Words kept from the pinned observation (0 = `max_obs_tokens`; `PromptFormat.pin_tokens`)."""
     fuzzy_cutoff: float = 75.0
     """rapidfuzz ratio (0-100) a generated command needs to be mapped to an admissible one."""
     choose_admissible: bool = False
@@ -115,6 +117,7 @@ def build_policy(
         max_prompt_tokens=opts.max_prompt_tokens,
         memory=opts.memory,
         pin_first=opts.pin_first,
+        pin_tokens=opts.pin_tokens,
     )
     model_cfg = ModelConfig(
         vocab_size=len(tokenizer),
@@ -305,7 +308,7 @@ def bc_report(
 
 
 _NOT_IN_KEY = ("threads", "bc_threads", "bc_eval_tasks", "bc_group_tasks")
-_KEYED_WHEN_SET = ("memory", "pin_first")
+_KEYED_WHEN_SET = ("memory", "pin_first", "pin_tokens")
 """Options added after checkpoints were first cached: hashed only when set, so those checkpoints stay valid."""
 """Options that change speed or the report only, never the weights (thread counts change float rounding
 at most), so a checkpoint is reused whatever they are. `choose_admissible` joins them unless DAgger runs

@@ -51,6 +51,9 @@ class PromptFormat:
     """With memory, the most recent history pairs that outrank memory entries when the budget is short."""
     pin_first: bool = False
     """Keep the episode's first observation (a room's listing) once its turn has left the history window."""
+    pin_tokens: int = 0
+    """Words kept from the pinned first observation (0 = `max_obs_tokens`): a room's listing runs to ~125
+    words in the household env (77 on average), past the per-observation cut."""
 
     def build(self, ctx: AgentContext) -> list[int]:
         tok = self.tokenizer
@@ -65,7 +68,10 @@ class PromptFormat:
         earlier = ctx.history[: len(ctx.history) - len(shown)] if self.memory else ()
         memory = [[tok.act_id, *tok.encode(a)] for a in dict.fromkeys(a for _, a in earlier)]
         left_window = len(ctx.history) > len(shown)
-        pinned = [tok.obs_id, *self._observation(ctx.history[0][0])] if self.pin_first and left_window else []
+        pinned = (
+            [tok.obs_id, *tok.encode(ctx.history[0][0])[: self.pin_tokens or self.max_obs_tokens]]
+            if self.pin_first and left_window else []
+        )
 
         def size() -> int:
             return (len(head) + len(pinned) + sum(map(len, memory)) + sum(map(len, pairs)) + len(obs)

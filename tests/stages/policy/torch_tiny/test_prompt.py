@@ -114,3 +114,14 @@ def test_pin_first_keeps_the_first_observation_once_its_turn_left_the_window(tok
     assert fmt.build(ctx).count(tokenizer.obs_id) == 3
     short = PromptFormat(tokenizer, history=1, max_prompt_tokens=n - 1, memory=True, pin_first=True, memory_keeps_pairs=1)
     assert short.build(ctx).count(tokenizer.obs_id) == 3  # the memory entry went, the pinned listing stayed
+
+
+def test_pin_tokens_lets_the_pinned_listing_run_past_the_per_observation_cut(tokenizer: WordTokenizer) -> None:
+    history = (("you see shelf 1, shelf 2, drawer 1.", "go to shelf 1"), ("you arrive at shelf 1.", "go to shelf 2"))
+    ctx = AgentContext("take the key", "you arrive at shelf 2.", ADMISSIBLE, history)
+    cut = PromptFormat(tokenizer, history=1, max_obs_tokens=4, memory=True, pin_first=True)
+    assert "drawer" not in tokenizer.decode(cut.build(ctx))
+    whole = PromptFormat(tokenizer, history=1, max_obs_tokens=4, memory=True, pin_first=True, pin_tokens=40)
+    decoded = tokenizer.decode(whole.build(ctx))
+    assert decoded.startswith("take the key you see shelf 1, shelf 2, drawer 1. go to shelf 1")
+    assert decoded.endswith("go to shelf 2 you arrive at shelf")  # the other observations keep their 4-word cut
