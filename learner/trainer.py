@@ -29,9 +29,9 @@ import torch
 
 from pipeline.config import LearnerSection
 from pipeline.contracts import TrainableModel
-from pipeline.messages import GroupResult, TrajectoryStatus
+from pipeline.messages import GroupResult, Trajectory, TrajectoryStatus
 
-from .advantages import group_advantages
+from .advantages import discounted_returns, group_advantages, step_advantages
 
 LossFn = Callable[..., torch.Tensor]
 AggregationFn = Callable[..., torch.Tensor]
@@ -68,6 +68,8 @@ def build_items(
     max_staleness: int | None = None,
     keep_zero_advantage: bool = False,
     negative_weight: float = 1.0,
+    step_weight: float = 0.0,
+    gamma: float = 0.95,
 ) -> tuple[list[TrainItem], ItemCounts]:
     """Training items of every turn of every usable trajectory, and what was left out.
 
@@ -75,7 +77,9 @@ def build_items(
     than two usable trajectories contributes nothing; zero-advantage trajectories contribute nothing
     unless `keep_zero_advantage` (the reference's dilution); negative advantages are scaled by
     `negative_weight` (0 = positive-sample reinforcement: failures then contribute nothing); turns older than `max_staleness` versions
-    are dropped and counted.
+    are dropped and counted. With `step_weight` > 0 each turn's advantage adds `step_weight` times its
+    GiGPO step-level advantage (returns discounted by `gamma`, compared among the group's turns from the
+    same anchor state; `learner.advantages.step_advantages`).
     """
     items: list[TrainItem] = []
     stale = zero = turns = invalid = 0
@@ -86,14 +90,13 @@ def build_items(
         usable = [t for t in group.trajectories if t.status == TrajectoryStatus.COMPLETE]
         if len(usable) < 2:
             continue
-        advantages = group_advantages(torch.tensor([t.reward for t in usable], dtype=torch.float64), eps)  # [G]
-        for trajectory, advantage in zip(usable, advantages.tolist(), strict=True):
+        for trajectory, turn_advantages in zip(usable, _turn_advantages(usable, eps, step_weight, gamma), strict=True):
             trajectory_index += 1
-            if advantage < 0:
-                advantage *= negative_weight
-            for turn in trajectory.turns:
+            for turn, advantage in zip(trajectory.turns, turn_advantages, strict=True):
                 if not turn.token_ids:
                     continue
+                if advantage < 0:
+                    advantage *= negative_weight
                 turns += 1
                 invalid += not turn.admissible
                 if advantage == 0.0 and not keep_zero_advantage:
@@ -110,6 +113,17 @@ def build_items(
                     )
                 )
     return items, ItemCounts(dropped_stale=stale, zero_advantage=zero, turns=turns, invalid_actions=invalid)
+
+
+def _turn_advantages(usable: Sequence[Trajectory], eps: float, step_weight: float, gamma: float) -> list[list[float]]:
+    """Per trajectory, the advantage of each turn: its trajectory's group advantage, plus `step_weight`
+    times its step-level one when that is on."""
+    episode = group_advantages(torch.tensor([t.reward for t in usable], dtype=torch.float64), eps)  # [G]
+    if step_weight == 0.0:
+        return [[a] * len(t.turns) for a, t in zip(episode.tolist(), usable, strict=True)]
+    returns = [discounted_returns(torch.tensor([turn.reward for turn in t.turns], dtype=torch.float64), gamma) for t in usable]
+    steps = step_advantages([[turn.anchor for turn in t.turns] for t in usable], returns, eps)  # per trajectory [T_i]
+    return [(a + step_weight * s).tolist() for a, s in zip(episode.tolist(), steps, strict=True)]
 
 
 def _padded(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
@@ -173,6 +187,7 @@ class Trainer:
         items, counts = build_items(
             groups, self.cfg.adv_eps, learner_version=version, max_staleness=self.cfg.max_staleness,
             keep_zero_advantage=self.cfg.keep_zero_advantage_items, negative_weight=self.cfg.negative_weight,
+            step_weight=self.cfg.step_weight, gamma=self.cfg.gamma,
         )
         if self.cfg.max_items and len(items) > self.cfg.max_items:
             items = self._rng.sample(items, self.cfg.max_items)

@@ -247,6 +247,12 @@ class LearnerSection(_Section):
     """Scale of negative advantages: 1 = GRPO; 0 = positive-sample reinforcement (learn from a group's
     better-than-average trajectories only; Zhu et al. 2025 find it sharpens pass@1 while full GRPO keeps
     pass@k). Turns whose scaled advantage is 0 are left out like zero-advantage turns."""
+    step_weight: float = 0.0
+    """GiGPO (Feng et al. 2025): each turn's advantage adds this times a step-level advantage, its discounted
+    return against the group's other turns from the same anchor state (same observation and commands;
+    `learner/advantages.py`). 0 = GRPO's one advantage per trajectory."""
+    gamma: float = 0.95
+    """Discount of the step-level returns (`step_weight` > 0): among winning paths from a state, shorter ones score higher."""
     keep_zero_advantage_items: bool = False
     """Train on zero-advantage turns too (they add no gradient but dilute the mean: the reference's setting)."""
     max_staleness: int = 1
@@ -280,6 +286,8 @@ class LearnerSection(_Section):
             (self.kl_coef >= 0, "learner.kl_coef must be >= 0"),
             (self.max_kl >= 0, "learner.max_kl must be >= 0"),
             (0 <= self.negative_weight <= 1, "learner.negative_weight must be in [0, 1]"),
+            (self.step_weight >= 0, "learner.step_weight must be >= 0"),
+            (0 < self.gamma <= 1, "learner.gamma must be in (0, 1]"),
         )
 
 

@@ -115,6 +115,12 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     choices: list[list[int]] = []
     """The token sequences decoding was constrained to (`policy.options.choose_admissible`); [] = free.
     The learner rebuilds the same constrained distribution from them."""
+    reward: float = 0.0
+    """The environment's reward for the step this turn's action took."""
+    anchor: str = ""
+    """A digest of the state the turn acted in (its observation and admissible commands, `state_anchor`):
+    turns of one group with equal anchors acted in the same state, which step-level advantages (GiGPO)
+    compare. "" = unknown (never grouped)."""
 
 
 class Trajectory(msgspec.Struct, frozen=True, kw_only=True):

@@ -18,8 +18,11 @@ an exception from the environment or the policy propagates, and so does cancella
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable
+import hashlib
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+
+import msgspec
 
 from pipeline.messages import Turn
 from pipeline.profiling import Profiler
@@ -68,6 +71,17 @@ async def _step_on_trio_thread(env: Environment, action: str) -> StepResult:
     return env.step(action)
 
 
+def state_anchor(observation: str, admissible: Sequence[str]) -> str:
+    """A short digest of what an agent faces at a step: its observation and admissible commands (`Turn.anchor`).
+
+    GiGPO's anchor state: rollouts of one task that reach the same observation with the same commands on
+    offer are taken to be in the same state, so their actions there can be compared."""
+    digest = hashlib.blake2b(observation.encode(), digest_size=8)
+    for command in admissible:
+        digest.update(b"\x00" + command.encode())
+    return digest.hexdigest()
+
+
 def _span(profiler: Profiler | None, name: str) -> contextlib.AbstractContextManager[object]:
     return profiler.span("rollout", name) if profiler is not None else contextlib.nullcontext()
 
@@ -102,10 +116,13 @@ async def play_episode(
             policy_version=act.policy_version,
             admissible=not observation.admissible or act.action in observation.admissible,
             choices=act.choices,
+            anchor=state_anchor(observation.text, observation.admissible),
         )
         episode.turns.append(turn)
         with _span(profiler, "env_step"):
             result = await env_step(env, act.action)
+        if result.reward:
+            turn = episode.turns[-1] = msgspec.structs.replace(turn, reward=result.reward)
         episode.reward += result.reward
         done = result.done or step_index == max_steps - 1
         new_observation = result.observation.text not in seen

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from learner.advantages import group_advantages, is_zero_variance
+from learner.advantages import discounted_returns, group_advantages, is_zero_variance, step_advantages
 
 
 def test_known_vector():
@@ -35,3 +35,35 @@ def test_an_empty_group_is_zero_variance_everywhere():
     from gates.allocators._common import is_zero_variance as allocator_rule
 
     assert is_zero_variance([]) and allocator_rule([])
+
+
+def test_discounted_returns_of_a_terminal_reward():
+    returns = discounted_returns(torch.tensor([0.0, 0.0, 1.0]), gamma=0.5)
+    assert returns.dtype == torch.float64
+    assert returns.tolist() == [0.25, 0.5, 1.0]
+    assert discounted_returns(torch.tensor([1.0, 1.0]), gamma=1.0).tolist() == [2.0, 1.0]
+
+
+def test_step_advantages_compare_only_steps_from_the_same_anchor_state():
+    # Two rollouts start in state "s0"; the one that goes on to win scores higher there. "x" and "y" are
+    # visited once each, so nothing compares them; "" is never grouped.
+    anchors = [["s0", "x"], ["s0", "y", ""]]
+    returns = [torch.tensor([0.9, 1.0], dtype=torch.float64), torch.tensor([0.0, 0.0, 0.0], dtype=torch.float64)]
+    out = step_advantages(anchors, returns, eps=0.0)
+    assert out[0].tolist() == [1.0, 0.0]
+    assert out[1].tolist() == [-1.0, 0.0, 0.0]
+
+
+def test_step_advantages_group_repeated_visits_of_a_state_within_one_rollout():
+    # A looping rollout visits "a" three times; the visit that walked on to the win has the highest return.
+    anchors = [["a", "b", "a", "c", "a"]]
+    returns = [torch.tensor([0.5, 0.6, 0.7, 0.8, 0.9], dtype=torch.float64)]
+    out = step_advantages(anchors, returns, eps=0.0)[0]
+    expected = group_advantages(torch.tensor([0.5, 0.7, 0.9]), eps=0.0).tolist()
+    assert out.tolist() == pytest.approx([expected[0], 0.0, expected[1], 0.0, expected[2]])
+
+
+def test_a_state_whose_returns_are_equal_gets_exactly_zero_step_advantage():
+    anchors = [["s"], ["s"]]
+    out = step_advantages(anchors, [torch.zeros(1, dtype=torch.float64)] * 2)
+    assert [o.tolist() for o in out] == [[0.0], [0.0]]

@@ -93,6 +93,37 @@ def test_negative_weight_scales_failures_down_to_positive_sample_reinforcement()
     assert counts.zero_advantage == 3  # the failures' turns are left out, as zero-advantage turns are
 
 
+def _turn(anchor: str, reward: float = 0.0) -> Turn:
+    return Turn(prompt_ids=[1, 2], token_ids=[3], logprobs=[-1.0], action="a", policy_version=0, reward=reward, anchor=anchor)
+
+
+def test_step_weight_adds_gigpo_step_advantages_to_each_turn():
+    # Two rollouts of one task: both start in state "s0"; the first walks on ("x") and wins, the second takes
+    # a wrong turn ("y") and loses. Only "s0" is shared, so only those two turns get a step-level term.
+    won = Trajectory(rollout_index=0, turns=[_turn("s0"), _turn("x", 1.0)], reward=1.0, success=True,
+                     status=TrajectoryStatus.COMPLETE)
+    lost = Trajectory(rollout_index=1, turns=[_turn("s0"), _turn("y"), _turn("z")], reward=0.0, success=False,
+                      status=TrajectoryStatus.COMPLETE)
+    group = GroupResult(group_id=0, task_id="t", trajectories=[won, lost], cut=False)
+    grpo, _ = build_items([group], eps=0.0)
+    assert [it.advantage for it in grpo] == [1.0, 1.0, -1.0, -1.0, -1.0]
+    gigpo, _ = build_items([group], eps=0.0, step_weight=0.5, gamma=0.9)
+    assert [it.advantage for it in gigpo] == pytest.approx([1.5, 1.0, -1.5, -1.0, -1.0])
+    assert [it.trajectory for it in gigpo] == [1, 1, 2, 2, 2]
+
+
+def test_step_advantages_train_an_all_succeed_group_towards_its_shorter_path():
+    # Equal outcomes give no episode-level signal; from the shared start the faster winner scores higher.
+    fast = Trajectory(rollout_index=0, turns=[_turn("s0"), _turn("x", 1.0)], reward=1.0, success=True,
+                      status=TrajectoryStatus.COMPLETE)
+    slow = Trajectory(rollout_index=1, turns=[_turn("s0"), _turn("y"), _turn("z", 1.0)], reward=1.0, success=True,
+                      status=TrajectoryStatus.COMPLETE)
+    group = GroupResult(group_id=0, task_id="t", trajectories=[fast, slow], cut=False)
+    assert build_items([group], eps=0.0)[0] == []
+    items, _ = build_items([group], eps=0.0, step_weight=1.0, gamma=0.9)
+    assert [(it.trajectory, it.advantage) for it in items] == [(1, pytest.approx(1.0)), (2, pytest.approx(-1.0))]
+
+
 def test_turns_older_than_the_staleness_bound_are_dropped_and_counted():
     model = BigramModel()
     groups = [_group(model, 0, [1.0, 0.0], version=3), _group(model, 1, [1.0, 0.0], version=5)]

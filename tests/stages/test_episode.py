@@ -6,7 +6,7 @@ import pytest
 import trio
 
 from stages.envs.base import Observation, StepResult, Task
-from stages.episode import Episode, EpisodeStep, play_episode
+from stages.episode import Episode, EpisodeStep, play_episode, state_anchor
 from stages.policy.base import ActResult
 
 TASK = Task(task_id="t0", family="demo", description="reach the door", split="train")
@@ -113,3 +113,13 @@ async def test_a_cancel_leaves_the_episode_as_far_as_it_got(autojump_clock):
         await play_episode(policy, Corridor(length=10), TASK, 10, episode=episode)
     assert episode.steps == 3 and episode.reward == 1.5 and not episode.done
     assert trio.current_time() == 3.5
+
+
+async def test_each_turn_records_its_step_reward_and_the_anchor_of_the_state_it_acted_in():
+    env, policy = Corridor(length=2), ScriptPolicy(["wait", "forward", "forward"])
+    episode = await play_episode(policy, env, TASK, max_steps=5)
+    assert [t.reward for t in episode.turns] == [0.0, 0.5, 0.5]
+    first, second, third = (t.anchor for t in episode.turns)
+    assert first == second == state_anchor("at 0", ("forward", "wait"))  # waiting left the agent where it was
+    assert third == state_anchor("at 1", ("forward", "wait")) != first
+    assert state_anchor("at 0", ("forward",)) != first  # the commands on offer are part of the state
