@@ -58,6 +58,8 @@ class ItemCounts:
     zero_advantage: int = 0
     turns: int = 0
     invalid_actions: int = 0
+    step_signal: int = 0
+    """Turns whose step-level advantage is non-zero (a same-state comparison told their action apart)."""
 
 
 def build_items(
@@ -82,7 +84,7 @@ def build_items(
     same anchor state; `learner.advantages.step_advantages`).
     """
     items: list[TrainItem] = []
-    stale = zero = turns = invalid = 0
+    stale = zero = turns = invalid = step_signal = 0
     trajectory_index = 0
     for group in groups:
         if group.cut:
@@ -90,11 +92,14 @@ def build_items(
         usable = [t for t in group.trajectories if t.status == TrajectoryStatus.COMPLETE]
         if len(usable) < 2:
             continue
-        for trajectory, turn_advantages in zip(usable, _turn_advantages(usable, eps, step_weight, gamma), strict=True):
+        episode, steps = _turn_advantages(usable, eps, gamma if step_weight else None)
+        for trajectory, trajectory_advantage, step_terms in zip(usable, episode, steps, strict=True):
             trajectory_index += 1
-            for turn, advantage in zip(trajectory.turns, turn_advantages, strict=True):
+            for turn, step_term in zip(trajectory.turns, step_terms, strict=True):
                 if not turn.token_ids:
                     continue
+                advantage = trajectory_advantage + step_weight * step_term
+                step_signal += step_term != 0.0
                 if advantage < 0:
                     advantage *= negative_weight
                 turns += 1
@@ -112,18 +117,21 @@ def build_items(
                         turn.admissible, turn.choices,
                     )
                 )
-    return items, ItemCounts(dropped_stale=stale, zero_advantage=zero, turns=turns, invalid_actions=invalid)
+    counts = ItemCounts(dropped_stale=stale, zero_advantage=zero, turns=turns, invalid_actions=invalid, step_signal=step_signal)
+    return items, counts
 
 
-def _turn_advantages(usable: Sequence[Trajectory], eps: float, step_weight: float, gamma: float) -> list[list[float]]:
-    """Per trajectory, the advantage of each turn: its trajectory's group advantage, plus `step_weight`
-    times its step-level one when that is on."""
+def _turn_advantages(
+    usable: Sequence[Trajectory], eps: float, gamma: float | None
+) -> tuple[list[float], list[list[float]]]:
+    """The group advantage of each trajectory, and per trajectory the step-level advantage of each turn
+    (GiGPO, returns discounted by `gamma`; all zero when `gamma` is None: step level off)."""
     episode = group_advantages(torch.tensor([t.reward for t in usable], dtype=torch.float64), eps)  # [G]
-    if step_weight == 0.0:
-        return [[a] * len(t.turns) for a, t in zip(episode.tolist(), usable, strict=True)]
+    if gamma is None:
+        return episode.tolist(), [[0.0] * len(t.turns) for t in usable]
     returns = [discounted_returns(torch.tensor([turn.reward for turn in t.turns], dtype=torch.float64), gamma) for t in usable]
     steps = step_advantages([[turn.anchor for turn in t.turns] for t in usable], returns, eps)  # per trajectory [T_i]
-    return [(a + step_weight * s).tolist() for a, s in zip(episode.tolist(), steps, strict=True)]
+    return episode.tolist(), [s.tolist() for s in steps]
 
 
 def _padded(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
@@ -197,6 +205,7 @@ class Trainer:
             "learner/groups": float(len(groups)),
             "learner/items_dropped_stale": float(counts.dropped_stale),
             "learner/invalid_action_fraction": counts.invalid_actions / counts.turns if counts.turns else 0.0,
+            "learner/step_signal_fraction": counts.step_signal / counts.turns if counts.turns else 0.0,
             "learner/batch_success": sum(t.success for t in rollouts) / len(rollouts) if rollouts else 0.0,
             "staleness_lag_max": float(max((it.lag for it in items), default=0)),
             "staleness_lag_mean": sum(it.lag for it in items) / len(items) if items else 0.0,

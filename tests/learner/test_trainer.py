@@ -107,8 +107,9 @@ def test_step_weight_adds_gigpo_step_advantages_to_each_turn():
     group = GroupResult(group_id=0, task_id="t", trajectories=[won, lost], cut=False)
     grpo, _ = build_items([group], eps=0.0)
     assert [it.advantage for it in grpo] == [1.0, 1.0, -1.0, -1.0, -1.0]
-    gigpo, _ = build_items([group], eps=0.0, step_weight=0.5, gamma=0.9)
+    gigpo, counts = build_items([group], eps=0.0, step_weight=0.5, gamma=0.9)
     assert [it.advantage for it in gigpo] == pytest.approx([1.5, 1.0, -1.5, -1.0, -1.0])
+    assert counts.step_signal == 2 and counts.turns == 5
     assert [it.trajectory for it in gigpo] == [1, 1, 2, 2, 2]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
@@ -40,10 +41,14 @@ class HouseholdSuite:
         expert: Literal["searching", "omniscient"] = "omniscient"
         """"searching": explores receptacles in a fixed order and uses only what it has seen; "omniscient":
         walks straight to the goal objects, the shortest plans and the easiest to imitate for a tiny model."""
-        recovery: Literal["searching", "omniscient"] = "omniscient"
+        recovery: Literal["searching", "omniscient", "mixed"] = "omniscient"
         """Labels of `expert_action` (noise-injected demonstrations, DAgger): "omniscient" fetches the goal
         object wherever it is; "searching" only from where the agent has seen it, else searches on
-        (`recovery.next_command(searching=True)`): labels an agent can predict from what it saw."""
+        (`recovery.next_command(searching=True)`): labels an agent can predict from what it saw; "mixed":
+        searching labels for a `searching_share` of the tasks (a fixed, seed-free choice per task),
+        omniscient ones for the rest."""
+        searching_share: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.5
+        """With `recovery = "mixed"`, the share of tasks whose episodes get searching labels."""
 
         def __post_init__(self) -> None:
             unknown = [family for family in self.families if family not in FAMILIES]
@@ -51,12 +56,13 @@ class HouseholdSuite:
                 raise ValueError(f"families must be a non-empty subset of {FAMILIES}, got {list(self.families)}")
 
     def __init__(self, options: Options = Options(), *, max_steps: int = 30) -> None:  # noqa: B008 (a frozen Struct)
-        for option in ("expert", "recovery"):  # a Literal is checked when decoded, not when built in Python
-            if getattr(options, option) not in ("searching", "omniscient"):
-                raise ValueError(f"{option} must be 'searching' or 'omniscient', got {getattr(options, option)!r}")
+        for option, allowed in (("expert", ("searching", "omniscient")), ("recovery", ("searching", "omniscient", "mixed"))):
+            if getattr(options, option) not in allowed:  # a Literal is checked when decoded, not when built in Python
+                raise ValueError(f"{option} must be one of {', '.join(map(repr, allowed))}, got {getattr(options, option)!r}")
         self.omniscient = options.expert == "omniscient"
         self.recovery = options.recovery
         """Which labels `expert_action` gives (part of a DAgger warm start's cache key)."""
+        self.searching_share = options.searching_share
         if max_steps < 1:
             raise ValueError("max_steps must be >= 1")
         for share in (options.unseen_combination_share, options.heldout_seen_share):
@@ -125,7 +131,14 @@ class HouseholdSuite:
         noise-injected demonstrations need."""
         if env.spec is None:
             raise ValueError("expert_action needs an episode in progress (call env.reset first)")
-        return next_command(env.spec, env.world(), searching=self.recovery == "searching")
+        return next_command(env.spec, env.world(), searching=self.searches(env.spec))
+
+    def searches(self, spec: TaskSpec) -> bool:
+        """Whether `expert_action` labels episodes of `spec` with the searching expert's commands."""
+        if self.recovery != "mixed":
+            return self.recovery == "searching"
+        digest = hashlib.blake2b(repr(spec.signature).encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") / 2**64 < self.searching_share
 
     def vocabulary(self) -> list[str]:
         """Every token of household texts; see `stages.envs.household.text` for the tokenization rule."""

@@ -344,6 +344,8 @@ def cache_key(
     recovery = getattr(suite, "recovery", None)  # a suite's choice of recovering expert, if it has one
     if pretrain.dagger_rounds and recovery not in (None, "omniscient"):
         header["recovery"] = recovery  # DAgger's labels come from it (the demos' labels are hashed below)
+        if recovery == "mixed":
+            header["searching_share"] = suite.searching_share
     h.update(json.dumps(header, sort_keys=True).encode())
     for demo in demos:
         h.update(json.dumps([demo.prompt, demo.completion]).encode())

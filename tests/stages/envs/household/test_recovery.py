@@ -159,3 +159,20 @@ def test_the_searching_labels_differ_from_the_omniscient_ones_where_the_goal_is_
         differ += label != next_command(spec, env.world())
     env.close()
     assert differ > 0
+
+
+def test_mixed_recovery_labels_a_fixed_share_of_tasks_with_the_searching_expert(suite):
+    options = dict(train_size=SPLIT_SIZE, heldout_seen_size=SPLIT_SIZE, heldout_unseen_size=SPLIT_SIZE, recovery="mixed")
+    mixed = HouseholdSuite(HouseholdSuite.Options(**options, searching_share=0.3), max_steps=suite.max_steps)
+    tasks = mixed.tasks("train")[:300]
+    chosen = [mixed.searches(mixed.spec(task)) for task in tasks]
+    assert 0.2 < sum(chosen) / len(chosen) < 0.4
+    again = HouseholdSuite(HouseholdSuite.Options(**options, searching_share=0.3), max_steps=suite.max_steps)
+    assert chosen == [again.searches(again.spec(task)) for task in tasks]  # a fixed choice per task
+    env = mixed.make()
+    for task, searching in zip(tasks[:40], chosen[:40], strict=True):
+        env.reset(task)
+        assert mixed.expert_action(env) == next_command(mixed.spec(task), env.world(), searching=searching)
+    for share, expected in ((0.0, False), (1.0, True)):
+        edge = HouseholdSuite(HouseholdSuite.Options(**options, searching_share=share), max_steps=suite.max_steps)
+        assert {edge.searches(edge.spec(task)) for task in edge.tasks("train")[:50]} == {expected}

@@ -1,0 +1,183 @@
+"""Why does a household policy fail, and did RL change it? Failure kinds and two decision probes.
+
+    .venv/bin/python bench/failure_modes.py [--config configs/learn.toml] [--tasks 100] [--sample]
+        [--set key=value ...] [WEIGHTS.pt ...]
+
+Builds the configured torch_tiny policy (cached warm start, else behaviour cloning), then, in lockstep
+with the first `--tasks` tasks of each held-out split:
+
+1. for the warm start and each WEIGHTS file (a run's `checkpoints/policy.pt`): episodes played greedily
+   (`--sample`: at the policy's temperature / top-p), won, and each lost episode's kind: whether it ever
+   saw or took a goal object, and whether it took an object of another kind ("took wrong"); the mean
+   number of distinct receptacles a lost episode went to (a looping agent goes back and forth between
+   two or three);
+2. the two decisions behind most losses, probed at the first `--probe-states` states of each kind of the
+   warm start's greedy episodes:
+   * P(take wrong): hands empty, objects in reach, none of the goal's kind: the probability (T = 1, over
+     the admissible commands) of taking one of them;
+   * P(go back): the agent chose to go somewhere and could go back to a receptacle it already visited:
+     the probability of going back.
+
+A learner that helps should lower both. Household only: the kinds come from the task's goal object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.job import build_policy, build_suite, load  # noqa: E402
+from pipeline.progress import Progress  # noqa: E402
+from stages.envs.household.expert import search_order  # noqa: E402
+from stages.policy.base import AgentContext  # noqa: E402
+from stages.policy.torch_tiny import TinyLM  # noqa: E402
+from stages.policy.torch_tiny._pretrain import Episode, rollout_lockstep  # noqa: E402
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A state of a probe: the prompt, the admissible completions, and which of them are the bad ones."""
+
+    prompt: list[int]
+    choices: list[list[int]]
+    bad: list[int]
+
+
+def _kind(name: str) -> str:
+    return name.split(" ", 1)[0]
+
+
+def classify(suite, episodes: Sequence[Episode]) -> tuple[int, Counter, list[int]]:
+    """(episodes won, Counter of failure kinds, distinct receptacles gone to per lost episode)."""
+    kinds: Counter = Counter()
+    distinct: list[int] = []
+    won = 0
+    for episode in episodes:
+        spec = suite.spec(episode.task)
+        env = suite.make()
+        env.reset(episode.task)
+        took_goal = took_wrong = False
+        targets: set[str] = set()
+        for action in episode.actions:
+            if action.startswith("take "):
+                took_goal |= _kind(action[5:]) == spec.goal_kind
+                took_wrong |= _kind(action[5:]) != spec.goal_kind
+            if action.startswith("go to "):
+                targets.add(action[6:])
+            if env.step(action).done:
+                break
+        if episode.won:
+            won += 1
+            continue
+        world = env.world()
+        saw_goal = took_goal or any(
+            world.looked[rec] and any(_kind(world.names[obj]) == spec.goal_kind for obj in world.contents[rec])
+            for rec in search_order(spec)
+        )
+        kind = "took a goal object" if took_goal else "saw a goal object, never took it" if saw_goal else "never saw a goal object"
+        kinds[kind + (", took a wrong one" if took_wrong else "")] += 1
+        distinct.append(len(targets))
+    return won, kinds, distinct
+
+
+def decisions(suite, fmt, episodes: Sequence[Episode]) -> tuple[list[Decision], list[Decision]]:
+    """The take-wrong and go-back states of `episodes` (see the module doc)."""
+    take_wrong: list[Decision] = []
+    go_back: list[Decision] = []
+    for episode in episodes:
+        spec = suite.spec(episode.task)
+        env = suite.make()
+        obs = env.reset(episode.task)
+        history: list[tuple[str, str]] = []
+        visited: set[str] = set()
+        for action in episode.actions:
+            held = env.world().held >= 0
+            commands = list(obs.admissible)
+            context = AgentContext(episode.task.description, obs.text, obs.admissible, tuple(history))
+            completions = [fmt.completion(c) for c in commands]
+            takes = [i for i, c in enumerate(commands) if c.startswith("take ")]
+            wrong = [i for i in takes if _kind(commands[i][5:]) != spec.goal_kind]
+            if not held and wrong and len(wrong) == len(takes):
+                take_wrong.append(Decision(fmt.build(context), completions, wrong))
+            back = [i for i, c in enumerate(commands) if c.startswith("go to ") and c[6:] in visited]
+            if not held and back and action.startswith("go to "):
+                go_back.append(Decision(fmt.build(context), completions, back))
+            if action.startswith("go to "):
+                visited.add(action[6:])
+            result = env.step(action)
+            history.append((obs.text, action))
+            obs = result.observation
+            if result.done:
+                break
+    return take_wrong, go_back
+
+
+def bad_mass(model: TinyLM, states: Sequence[Decision], chunk: int = 256) -> float:
+    """Mean probability of the bad commands (T = 1, over each state's admissible commands)."""
+    if not states:
+        return float("nan")
+    rows = [(k, state.prompt, c, state.choices) for k, state in enumerate(states) for c in state.choices]
+    totals: list[float] = []
+    with torch.no_grad():
+        for start in range(0, len(rows), chunk):
+            part = rows[start : start + chunk]
+            scores = model.completion_logprobs([r[1] for r in part], [r[2] for r in part], choices=[r[3] for r in part])
+            totals += (scores.logprobs * scores.mask).sum(-1).exp().tolist()  # [rows]
+    out, at = [], 0
+    for state in states:
+        p = torch.tensor(totals[at : at + len(state.choices)])  # [C]
+        at += len(state.choices)
+        out.append(float(p[state.bad].sum() / p.sum()))
+    return statistics.mean(out)
+
+
+def main(args: argparse.Namespace) -> None:
+    cfg = load(args.config, args.set)
+    Progress(0).activate()
+    suite = build_suite(cfg)
+    policy = build_policy(cfg, suite)
+    torch.set_num_threads(args.threads)
+    tasks = [*suite.tasks("heldout_seen")[: args.tasks], *suite.tasks("heldout_unseen")[: args.tasks]]
+    models = {"warm start": policy.model}
+    for path in args.weights:
+        model = copy.deepcopy(policy.model)
+        model.load_state_dict(torch.load(path, map_location="cpu"))
+        models[path] = model
+    how = "sampled" if args.sample else "greedy"
+    probes: tuple[list[Decision], list[Decision]] | None = None
+    print(f"\n| weights | won ({how}) | lost: kinds | distinct receptacles per loss | P(take wrong) | P(go back) |")
+    print("|---|---|---|---|---|---|")
+    for name, model in models.items():
+        episodes = rollout_lockstep(model, policy.prompt, suite, tasks, policy.sampling, greedy=not args.sample, seed=cfg.run.seed)
+        if probes is None:  # the warm start's greedy states are the probe for every model
+            greedy = episodes if not args.sample else rollout_lockstep(model, policy.prompt, suite, tasks, policy.sampling)
+            take_wrong, go_back = decisions(suite, policy.prompt, greedy)
+            probes = take_wrong[: args.probe_states], go_back[: args.probe_states]
+        won, kinds, distinct = classify(suite, episodes)
+        lost = "; ".join(f"{k} {v}" for k, v in kinds.most_common())
+        mean_distinct = statistics.mean(distinct) if distinct else float("nan")
+        print(f"| {name} | {won} / {len(episodes)} | {lost} | {mean_distinct:.1f} | "
+              f"{bad_mass(model, probes[0]):.3f} | {bad_mass(model, probes[1]):.3f} |", flush=True)
+    print(f"\nprobe states: {len(probes[0])} take-wrong, {len(probes[1])} go-back")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="configs/learn.toml")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--tasks", type=int, default=100, help="tasks per held-out split")
+    parser.add_argument("--sample", action="store_true", help="classify sampled episodes instead of greedy ones")
+    parser.add_argument("--probe-states", type=int, default=200, help="states per probe (the first ones)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("weights", nargs="*", help="policy.pt files to compare with the warm start")
+    main(parser.parse_args())
