@@ -88,3 +88,10 @@ def test_gate_shortcuts_fold_into_the_gate_options_and_may_not_be_set_twice():
     with pytest.raises(ConfigError) as info:
         load_config(None, ["gate.k=5", "gate.options={k = 6}"])
     assert info.value.problems == ["gate.k and gate.options.k are both set: keep one"]
+
+
+def test_step_level_advantage_ranges_are_checked():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["learner.step_weight=-1", "learner.gamma=0"])
+    assert info.value.problems == ["learner.step_weight must be >= 0", "learner.gamma must be in (0, 1]"]
+    assert load_config(None, ["learner.step_weight=1", "learner.gamma=1"]).learner.step_weight == 1.0
