@@ -1,0 +1,63 @@
+"""bench/failure_modes.py: a won episode is counted as won; a lost one is classified by what it took and
+saw; the probes find the states where only wrong objects are in reach and where going back is on offer."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from stages.envs.household import HouseholdSuite
+from stages.envs.household.catalog import RECEPTACLE_KINDS
+from stages.envs.household.expert import search_order
+from stages.policy.torch_tiny import PromptFormat, WordTokenizer
+from stages.policy.torch_tiny._pretrain import Episode
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("failure_modes", ROOT / "bench" / "failure_modes.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["failure_modes"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _task_with_only_wrong_objects_in_view(suite):
+    """A task, an open-view receptacle of its search order holding only objects of other kinds, one of them,
+    and an empty receptacle."""
+    for task in suite.tasks("train"):
+        spec = suite.spec(task)
+        kinds = spec.layout.kinds
+        empty = [i for i in range(len(kinds)) if not any(at == i for _, at in spec.objects) and i != spec.layout.lamp_at]
+        for rec in search_order(spec):
+            here = [name for name, at in spec.objects if at == rec]
+            if (here and empty and rec != spec.layout.lamp_at and not RECEPTACLE_KINDS[kinds[rec]].openable
+                    and all(name.split()[0] != spec.goal_kind for name in here)):
+                return task, spec.layout.names[rec], here[0], spec.layout.names[empty[0]]
+    raise AssertionError("no such task in the train split")
+
+
+def test_a_won_episode_is_won_and_a_lost_one_says_it_took_a_wrong_object():
+    bench, suite = _bench(), HouseholdSuite()
+    task, place, wrong, _ = _task_with_only_wrong_objects_in_view(suite)
+    expert = suite.expert(task)
+    lost = (f"go to {place}", f"take {wrong} from {place}", "look")
+    won, kinds, distinct = bench.classify(suite, [Episode(task, True, len(expert), tuple(expert)), Episode(task, False, 3, lost)])
+    assert won == 1
+    assert sum(kinds.values()) == 1 and next(iter(kinds)).endswith(", took a wrong one")
+    assert distinct == [1]
+
+
+def test_the_probes_find_the_take_wrong_and_the_go_back_states():
+    bench, suite = _bench(), HouseholdSuite()
+    task, place, wrong, empty = _task_with_only_wrong_objects_in_view(suite)
+    fmt = PromptFormat(WordTokenizer.from_vocabulary(suite.vocabulary()))
+    actions = (f"go to {place}", f"go to {empty}", f"go to {place}")
+    take_wrong, go_back = bench.decisions(suite, fmt, [Episode(task, False, 3, actions)])
+    assert len(take_wrong) == 1  # at `place`: hands empty, only wrong objects in reach
+    (state,) = take_wrong
+    assert [fmt.tokenizer.decode(state.choices[i][:-1]) for i in state.bad] == [f"take {wrong} from {place}"]
+    assert len(go_back) == 1  # at `empty`, going back to `place` was on offer (and taken)
+    assert [fmt.tokenizer.decode(go_back[0].choices[i][:-1]) for i in go_back[0].bad] == [f"go to {place}"]
