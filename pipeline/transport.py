@@ -8,7 +8,10 @@ park and re-check whenever it wakes, and because our own send can consume the ed
 owner (zmq sockets are not thread-safe): keep it in the Trio thread.
 
 Lifetimes: `open_context()` terminates the context (`ctx.term()`) on exit, after every socket is closed
-with its linger, so queued messages are flushed instead of silently lost at exit.
+with its linger, so queued messages are flushed instead of silently lost at exit. One case linger does not
+cover (libzmq#4660, open): frames still in flight when the sending process exits while the receiver's queue
+is at its high-water mark are lost. Where a tail matters, the receiver has to confirm it before the sending
+process exits.
 
 Frames are msgspec msgpack; each `Socket` owns one encoder and one typed decoder for its union. A frame
 that fails to decode is dropped and counted by reason (`empty`, `undecodable`, `wrong_shape`); a stage that

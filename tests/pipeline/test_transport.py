@@ -100,13 +100,15 @@ SENDER = textwrap.dedent(
 
 
 async def test_second_process_over_ipc_loses_nothing_at_exit(tmp_path):
-    # Both ends linger 60 s: ZeroMQ drops what is still queued once a linger runs out (the sender's at
-    # ctx.term(), the receiver's after the peer hangs up), so with the 5 s default a receiver stalled for
-    # 5 s near the end (a busy CI machine) loses the tail. What is tested here is that close + term flush.
+    # What is tested here is that close + term flush what the sender queued (its SNDHWM of 100 makes it
+    # wait on the receiver the whole way). Both ends linger 60 s: ZeroMQ drops what is still queued once a
+    # linger runs out. The receiver's queue holds the whole stream: libzmq loses the frames still in flight
+    # when the sender's process exits while the receiver's queue is full (zeromq/libzmq#4660, open), which a
+    # receiver with RCVHWM 100 hit ~1 run in 10 on a loaded machine (19,951 of 20,000 arrived, sender exit 0).
     n = 20000
     address = f"ipc://{tmp_path}/steps.sock"
     async with open_context() as ctx:
-        pull = ctx.socket("pull", address, bind=True, receives=StepStream, hwm=100, linger_ms=60_000)
+        pull = ctx.socket("pull", address, bind=True, receives=StepStream, hwm=n, linger_ms=60_000)
         root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
         proc = await trio.lowlevel.open_process([sys.executable, "-c", SENDER, address, str(n)], cwd=root)
         got = 0
