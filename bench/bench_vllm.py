@@ -39,7 +39,8 @@ from pipeline.job import build_suite  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
 from stages.policy.vllm import VllmOptions, build_policy  # noqa: E402
 from stages.policy.vllm._make_model import UNTRAINED, ModelShape, make_model  # noqa: E402
-from stages.policy.vllm._server import VllmPolicy, sampling_params  # noqa: E402
+from stages.policy.vllm._server import VllmPolicy  # noqa: E402
+from stages.policy.vllm._vllm_api import sampling_params  # noqa: E402
 
 
 def contexts(cfg: Any, n: int) -> list[AgentContext]:

@@ -12,7 +12,8 @@ import structlog
 
 from ._loop import LoopThread
 from ._prompt import ChatPrompt
-from ._server import Sampling, VllmPolicy
+from ._server import VllmPolicy
+from ._vllm_api import Sampling
 
 if TYPE_CHECKING:
     from pipeline.config import PolicySection

@@ -45,6 +45,7 @@ from ._learner import CausalLMTrainable
 from ._loop import LoopThread, wait_trio
 from ._lora import LoraSettings, check_adapter_state, write_adapter
 from ._prompt import ChatPrompt
+from ._vllm_api import Sampling, engine_process_ids, lora_request, sampling_params
 from ._worker import WireTensor, to_wire
 
 log = structlog.get_logger(__name__)
@@ -54,16 +55,6 @@ KEEP_ADAPTERS = 8
 
 ENGINE_STAGE = "vllm"
 """Profile stage of the engine: busy while any request is in flight; CPU of the engine process(es)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Sampling:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 12
-    fuzzy_cutoff: float = 75.0
-    seeded: bool = False
-    """Seed every request from (policy seed, request number), as torch_tiny does (see VllmOptions)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -377,35 +368,3 @@ class VllmPolicy:
                 f"weights for version {version} do not fit {self.model_path} "
                 f"(missing {missing[:5]}, wrong shapes {wrong[:5]})"
             )
-
-
-def sampling_params(s: Sampling, *, greedy: bool, seed: int | None, stop_token_ids: list[int]) -> Any:
-    """vLLM `SamplingParams` of one request: final output only, the sampled token's log-prob."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
-    greedy = greedy or s.temperature <= 0
-    return SamplingParams(
-        n=1,
-        temperature=0.0 if greedy else s.temperature,
-        top_p=1.0 if greedy else s.top_p,
-        max_tokens=s.max_new_tokens,
-        stop_token_ids=stop_token_ids,
-        logprobs=0,
-        seed=None if greedy else seed,
-        output_kind=RequestOutputKind.FINAL_ONLY,
-        skip_special_tokens=True,
-    )
-
-
-def lora_request(name: str, lora_id: int, path: str) -> Any:
-    from vllm.lora.request import LoRARequest
-
-    return LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path)
-
-
-def engine_process_ids(engine: Any) -> list[int]:
-    """PIDs of the engine-core processes behind an AsyncLLM (empty when it runs in-process)."""
-    resources = getattr(getattr(engine, "engine_core", None), "resources", None)
-    procs = getattr(getattr(resources, "engine_manager", None), "processes", None) or []
-    return [p.pid for p in procs if getattr(p, "pid", None)]

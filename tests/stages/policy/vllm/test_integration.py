@@ -24,7 +24,8 @@ from stages.policy.base import AgentContext  # noqa: E402
 from stages.policy.vllm import VllmOptions, build_policy  # noqa: E402
 from stages.policy.vllm._learner import CausalLMTrainable  # noqa: E402
 from stages.policy.vllm._make_model import UNTRAINED, ModelShape, make_model  # noqa: E402
-from stages.policy.vllm._server import VllmPolicy, sampling_params  # noqa: E402
+from stages.policy.vllm._server import VllmPolicy  # noqa: E402
+from stages.policy.vllm._vllm_api import sampling_params  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -15,7 +15,8 @@ from stages.policy.vllm import decode_options
 from stages.policy.vllm._loop import LoopThread
 from stages.policy.vllm._lora import LoraSettings, lora_problems
 from stages.policy.vllm._prompt import ChatPrompt
-from stages.policy.vllm._server import Sampling, VllmPolicy
+from stages.policy.vllm._server import VllmPolicy
+from stages.policy.vllm._vllm_api import Sampling
 
 from .fakes import FakeEngine, WordTok, fake_params
 

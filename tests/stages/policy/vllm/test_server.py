@@ -13,7 +13,8 @@ from stages.policy.base import AgentContext
 from stages.policy.torch_tiny import PolicyStopped
 from stages.policy.vllm._loop import LoopThread
 from stages.policy.vllm._prompt import ChatPrompt
-from stages.policy.vllm._server import Sampling, VllmPolicy
+from stages.policy.vllm._server import VllmPolicy
+from stages.policy.vllm._vllm_api import Sampling
 
 from .fakes import FakeEngine, WordTok, fake_params
 
