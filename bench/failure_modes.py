@@ -102,16 +102,15 @@ def decisions(suite, fmt, episodes: Sequence[Episode]) -> tuple[list[Decision], 
         visited: set[str] = set()
         for action in episode.actions:
             held = env.world().held >= 0
-            commands = list(obs.admissible)
-            context = AgentContext(episode.task.description, obs.text, obs.admissible, tuple(history))
-            completions = [fmt.completion(c) for c in commands]
+            commands = obs.admissible
             takes = [i for i, c in enumerate(commands) if c.startswith("take ")]
             wrong = [i for i in takes if _kind(commands[i][5:]) != spec.goal_kind]
-            if not held and wrong and len(wrong) == len(takes):
-                take_wrong.append(Decision(fmt.build(context), completions, wrong))
             back = [i for i, c in enumerate(commands) if c.startswith("go to ") and c[6:] in visited]
-            if not held and back and action.startswith("go to "):
-                go_back.append(Decision(fmt.build(context), completions, back))
+            for probe, bad in ((take_wrong, wrong if len(wrong) == len(takes) else []),
+                               (go_back, back if action.startswith("go to ") else [])):
+                if bad and not held:
+                    context = AgentContext(episode.task.description, obs.text, commands, tuple(history))
+                    probe.append(Decision(fmt.build(context), [fmt.completion(c) for c in commands], bad))
             if action.startswith("go to "):
                 visited.add(action[6:])
             result = env.step(action)
@@ -126,12 +125,12 @@ def bad_mass(model: TinyLM, states: Sequence[Decision], chunk: int = 256) -> flo
     """Mean probability of the bad commands (T = 1, over each state's admissible commands)."""
     if not states:
         return float("nan")
-    rows = [(k, state.prompt, c, state.choices) for k, state in enumerate(states) for c in state.choices]
+    rows = [(state.prompt, c, state.choices) for state in states for c in state.choices]
     totals: list[float] = []
     with torch.no_grad():
         for start in range(0, len(rows), chunk):
-            part = rows[start : start + chunk]
-            scores = model.completion_logprobs([r[1] for r in part], [r[2] for r in part], choices=[r[3] for r in part])
+            prompts, completions, choices = zip(*rows[start : start + chunk], strict=True)
+            scores = model.completion_logprobs(prompts, completions, choices=choices)
             totals += (scores.logprobs * scores.mask).sum(-1).exp().tolist()  # [rows]
     out, at = [], 0
     for state in states:
