@@ -35,13 +35,14 @@ from stages.rollout import RolloutStage
 TEMPERATURE, TOP_P = 0.7, 0.95
 
 
-def _policy(show_admissible: bool, choose_admissible: bool) -> tuple[TorchTinyPolicy, PromptFormat, object]:
+def _policy(show_admissible: bool, choose_admissible: bool, choose_by: str = "token") -> tuple[TorchTinyPolicy, PromptFormat, object]:
     suite = ENVS.get("household")(max_steps=12)
     tokenizer = WordTokenizer.from_vocabulary(suite.vocabulary())
     # A short prompt budget so that history, admissible commands and observations all get truncated.
     fmt = PromptFormat(tokenizer, history=8, show_admissible=show_admissible, max_obs_tokens=64, max_prompt_tokens=90)
     torch.manual_seed(0)
     model = TinyLM(ModelConfig(vocab_size=len(tokenizer), pad_id=tokenizer.pad_id, layers=2, d_model=64, heads=2, max_len=104))
+    model.choose_by = choose_by
     sampling = SamplingConfig(
         # Batches close when all 4 rollouts' requests are in (max_batch) and torch runs on one thread, so
         # the decoding's float rounding, and with it the top-p nucleus at its boundary, is the same every
@@ -66,8 +67,8 @@ async def _roll_out(policy: TorchTinyPolicy, suite, size: int = 4) -> GroupResul
 
 
 @pytest.fixture(
-    scope="module", params=[(False, False), (True, False), (False, True)],
-    ids=["history", "history+admissible", "choose_admissible"],
+    scope="module", params=[(False, False), (True, False), (False, True), (False, True, "command")],
+    ids=["history", "history+admissible", "choose_admissible", "choose_by_command"],
 )
 def rolled(request):
     threads = torch.get_num_threads()

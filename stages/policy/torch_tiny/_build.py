@@ -69,6 +69,10 @@ class TinyOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     choose_admissible: bool = False
     """Decode only admissible commands (`stages.policy.choices`): every action is valid, and the learner
     scores the same constrained distribution. Off: free generation mapped to a command by `fuzzy_cutoff`."""
+    choose_by: str = "token"
+    """With `choose_admissible`, how a command is picked: "token" (each token among those continuing an
+    admissible command) or "command" (each admissible command scored whole by the model, then one drawn
+    from softmax(score / T); `_commands.py`): the object of a "take" counts before the verb is chosen."""
     threads: int = 1
     """torch threads in the decoding worker thread."""
     bc_threads: int = 2
@@ -91,6 +95,10 @@ def decode_options(options: dict[str, Any], max_new_tokens: int) -> TinyOptions:
             f"policy.options: max_prompt_tokens ({opts.max_prompt_tokens}) + policy.max_new_tokens "
             f"({max_new_tokens}) must not exceed max_len ({opts.max_len})"
         )
+    if opts.choose_by not in ("token", "command"):
+        raise ValueError(f"policy.options.choose_by must be 'token' or 'command', not {opts.choose_by!r}")
+    if opts.choose_by == "command" and not opts.choose_admissible:
+        raise ValueError("policy.options.choose_by = 'command' needs choose_admissible = true")
     return opts
 
 
@@ -129,6 +137,7 @@ def build_policy(
     )
     torch.manual_seed(seed)
     model = TinyLM(model_cfg)
+    model.choose_by = opts.choose_by
     sampling = SamplingConfig(
         temperature=cfg.temperature,
         top_p=cfg.top_p,
@@ -308,11 +317,13 @@ def bc_report(
 
 
 _NOT_IN_KEY = ("threads", "bc_threads", "bc_eval_tasks", "bc_group_tasks")
+"""Options that change speed or the report only, never the weights (thread counts change float rounding
+at most), so a checkpoint is reused whatever they are."""
+_DECODING = {"choose_admissible": False, "choose_by": "token"}
+"""Decoding options (with their defaults): hashed only when DAgger runs and they differ from the default
+(DAgger's states come from the policy's own decoding; behaviour cloning alone never decodes)."""
 _KEYED_WHEN_SET = ("memory", "pin_first", "pin_tokens")
 """Options added after checkpoints were first cached: hashed only when set, so those checkpoints stay valid."""
-"""Options that change speed or the report only, never the weights (thread counts change float rounding
-at most), so a checkpoint is reused whatever they are. `choose_admissible` joins them unless DAgger runs
-(DAgger's states come from the policy's own, possibly constrained, decoding)."""
 
 
 def cache_key(
@@ -334,7 +345,7 @@ def cache_key(
         "model": model_cfg.to_dict(),
         "options": {
             k: v for k, v in msgspec.to_builtins(opts).items()
-            if k not in _NOT_IN_KEY and (k != "choose_admissible" or (v and pretrain.dagger_rounds))
+            if k not in _NOT_IN_KEY and (k not in _DECODING or (v != _DECODING[k] and pretrain.dagger_rounds))
             and (k not in _KEYED_WHEN_SET or v)
         },
         "pretrain": {k: v for k, v in msgspec.to_builtins(pretrain).items() if k != "enabled"},

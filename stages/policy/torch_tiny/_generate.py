@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from stages.policy.choices import ChoiceTrie, mask_logits, step_mask
 from stages.policy.sampling import sampled_logprobs
 
+from ._commands import chosen_factors, command_scores
 from ._model import KVCache, TinyLM
 
 
@@ -69,8 +70,14 @@ def generate(
     """Sample a completion for each prompt (prompts must fit `max_len - max_new_tokens`).
 
     With `choices` (per prompt: token sequences, each ending with a stop id; empty = free), each row may
-    only emit a continuation of one of its sequences (`stages.policy.choices`).
+    only emit a continuation of one of its sequences (`stages.policy.choices`), or, when the model chooses
+    by command (`TinyLM.choose_by`), one of them is drawn whole (`_commands.py`).
     """
+    if choices is not None and model.choose_by == "command" and any(choices):
+        return _generate_by_command(
+            model, prompts, uniforms=uniforms, greedy=greedy, max_new_tokens=max_new_tokens,
+            temperature=temperature, top_p=top_p, stop_ids=stop_ids, choices=choices,
+        )
     cfg = model.cfg
     B, P = len(prompts), max(len(p) for p in prompts)
     if P + max_new_tokens > cfg.max_len:
@@ -152,3 +159,41 @@ def generate_uncached(
         if not live:
             break
     return out
+
+
+def _generate_by_command(
+    model: TinyLM,
+    prompts: Sequence[Sequence[int]],
+    *,
+    uniforms: torch.Tensor,  # [B, max_new_tokens]
+    greedy: Sequence[bool],
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    stop_ids: Sequence[int],
+    choices: Sequence[Sequence[Sequence[int]]],
+) -> list[Sample]:
+    """`generate` for a command-choosing model: rows with choices draw a whole command with their first
+    uniform; rows without decode freely."""
+    rows = [i for i, c in enumerate(choices) if c]
+    out: list[Sample | None] = [None] * len(prompts)
+    scores = command_scores(model, [prompts[i] for i in rows], [choices[i] for i in rows])  # [n, K]
+    picked = choose_tokens(
+        scores, uniforms[rows, 0], torch.tensor([greedy[i] for i in rows]), temperature=temperature, top_p=top_p
+    )  # [n]
+    options = [choices[i] for i in rows]
+    logp, _ = chosen_factors(
+        scores, options, picked, max_new_tokens, temperature=temperature, top_p=top_p, vocab=model.cfg.vocab_size
+    )  # [n, N]
+    for r, i in enumerate(rows):
+        command = list(options[r][int(picked[r])])
+        out[i] = Sample(command, logp[r, : len(command)].tolist())
+    free = [i for i, c in enumerate(choices) if not c]
+    if free:
+        samples = generate(
+            model, [prompts[i] for i in free], uniforms=uniforms[free], greedy=[greedy[i] for i in free],
+            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, stop_ids=stop_ids,
+        )
+        for i, sample in zip(free, samples, strict=True):
+            out[i] = sample
+    return [s for s in out if s is not None]

@@ -24,6 +24,8 @@ from stages.policy.base import CompletionScores
 from stages.policy.choices import completion_mask, mask_logits
 from stages.policy.sampling import sampled_logprobs, sampling_entropy
 
+from ._commands import chosen_factors, command_scores
+
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
@@ -94,6 +96,9 @@ class TinyLM(nn.Module):
         if cfg.d_model % cfg.heads:
             raise ValueError(f"d_model ({cfg.d_model}) must be a multiple of heads ({cfg.heads})")
         self.cfg = cfg
+        self.choose_by = "token"
+        """How decoding constrained to `choices` picks a command: "token" (a trie over tokens,
+        `stages.policy.choices`) or "command" (whole commands scored, `_commands.py`)."""
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.max_len, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
@@ -120,11 +125,14 @@ class TinyLM(nn.Module):
         key_mask: torch.Tensor | None = None,  # [B, start + T] bool, True on real tokens
         cache: KVCache | None = None,
         start: int = 0,
+        *,
+        allowed: torch.Tensor | None = None,  # [B, 1, T, T] bool: an explicit attention mask (no cache)
     ) -> torch.Tensor:
-        """Final-layer states [B, T, D] of `ids` placed at cache columns start..start+T-1."""
+        """Final-layer states [B, T, D] of `ids` placed at cache columns start..start+T-1.
+
+        `allowed` replaces the causal mask (the packed rows of `_commands.py`)."""
         T = ids.shape[1]
-        allowed = None
-        if key_mask is not None or start > 0:
+        if allowed is None and (key_mask is not None or start > 0):
             allowed = attention_mask(key_mask, T, start, ids.device)  # [B, 1, T, start + T]
         x = self.tok_emb(ids) + self.pos_emb(positions)  # [B, T, D]
         for layer, block in enumerate(self.blocks):
@@ -161,6 +169,8 @@ class TinyLM(nn.Module):
         """
         if len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+        if choices is not None and self.choose_by == "command":
+            return self._command_logprobs(prompts, completions, choices, temperature=temperature, top_p=top_p)
         seqs = [[*p, *c] for p, c in zip(prompts, completions, strict=True)]
         if any(len(s) > self.cfg.max_len for s in seqs):
             raise ValueError(f"a prompt + completion is longer than max_len={self.cfg.max_len}")
@@ -188,6 +198,43 @@ class TinyLM(nn.Module):
         entropy = sampling_entropy(logits, temperature=temperature, top_p=top_p)  # [N, T]
         mask = mask.to(device=device, dtype=token_logp.dtype)
         return CompletionScores(token_logp * mask, mask, entropy * mask)
+
+
+    def _command_logprobs(
+        self,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Sequence[int]],
+        choices: Sequence[Sequence[Sequence[int]]],
+        *,
+        temperature: float,
+        top_p: float,
+    ) -> CompletionScores:
+        """`completion_logprobs` under the command policy (`_commands.py`) for the rows whose completion is
+        one of their choices; the others (decoded free) are scored token by token."""
+        T = max(1, max(len(c) for c in completions))
+        by_command = [i for i, (c, options) in enumerate(zip(completions, choices, strict=True)) if list(c) in options]
+        rest = [i for i in range(len(completions)) if i not in set(by_command)]
+        device = self.tok_emb.weight.device
+        logp = torch.zeros(len(completions), T, device=device)
+        entropy = torch.zeros(len(completions), T, device=device)
+        mask = (torch.arange(T)[None, :] < torch.tensor([len(c) for c in completions])[:, None]).float().to(device)
+        if by_command:
+            options = [choices[i] for i in by_command]
+            scores = command_scores(self, [prompts[i] for i in by_command], options)  # [n, K]
+            chosen = torch.tensor([o.index(list(completions[i])) for i, o in zip(by_command, options, strict=True)])
+            lp, ent = chosen_factors(scores, options, chosen.to(device), T, temperature=temperature, top_p=top_p,
+                                     vocab=self.cfg.vocab_size)  # [n, T] each
+            logp = logp.index_put((torch.tensor(by_command, device=device),), lp)
+            entropy = entropy.index_put((torch.tensor(by_command, device=device),), ent)
+        if rest:
+            free = self.__class__.completion_logprobs(
+                self, [prompts[i] for i in rest], [completions[i] for i in rest], temperature=temperature, top_p=top_p
+            )
+            index = (torch.tensor(rest, device=device),)
+            width = (0, T - free.logprobs.shape[1])
+            logp = logp.index_put(index, F.pad(free.logprobs, width))
+            entropy = entropy.index_put(index, F.pad(free.entropy, width))
+        return CompletionScores(logp * mask, mask, entropy * mask)
 
 
 def attention_mask(key_mask: torch.Tensor | None, T: int, start: int, device: torch.device) -> torch.Tensor:

@@ -65,6 +65,18 @@ def test_bad_options_are_refused_with_a_readable_message(tmp_path) -> None:
         build_policy(_cfg(tmp_path, layerz=2), PRETRAIN, FindSuite(), seed=0)
     with pytest.raises(ValueError, match="max_len"):
         build_policy(_cfg(tmp_path, max_prompt_tokens=60), PRETRAIN, FindSuite(), seed=0)
+    with pytest.raises(ValueError, match="choose_by must be 'token' or 'command'"):
+        build_policy(_cfg(tmp_path, choose_admissible=True, choose_by="word"), PRETRAIN, FindSuite(), seed=0)
+    with pytest.raises(ValueError, match="needs choose_admissible"):
+        build_policy(_cfg(tmp_path, choose_by="command"), PRETRAIN, FindSuite(), seed=0)
+
+
+def test_choose_by_command_reaches_the_model_and_leaves_the_cached_warm_start_alone(tmp_path) -> None:
+    token = build_policy(_cfg(tmp_path, choose_admissible=True), PRETRAIN, FindSuite(), seed=0)
+    command = build_policy(_cfg(tmp_path, choose_admissible=True, choose_by="command"), PRETRAIN, FindSuite(), seed=0)
+    assert (token.model.choose_by, command.model.choose_by) == ("token", "command")
+    assert command.trainable().choose_by == "command"  # the learner scores what the policy samples
+    assert len(list(tmp_path.glob("*.pt"))) == 1  # behaviour cloning never decodes: one warm start for both
 
 
 def test_dagger_rounds_add_the_states_the_policy_visits(tmp_path) -> None:
