@@ -199,7 +199,6 @@ class TinyLM(nn.Module):
         mask = mask.to(device=device, dtype=token_logp.dtype)
         return CompletionScores(token_logp * mask, mask, entropy * mask)
 
-
     def _command_logprobs(
         self,
         prompts: Sequence[Sequence[int]],
@@ -213,7 +212,7 @@ class TinyLM(nn.Module):
         one of their choices; the others (decoded free) are scored token by token."""
         T = max(1, max(len(c) for c in completions))
         by_command = [i for i, (c, options) in enumerate(zip(completions, choices, strict=True)) if list(c) in options]
-        rest = [i for i in range(len(completions)) if i not in set(by_command)]
+        rest = sorted(set(range(len(completions))) - set(by_command))
         device = self.tok_emb.weight.device
         logp = torch.zeros(len(completions), T, device=device)
         entropy = torch.zeros(len(completions), T, device=device)
@@ -227,9 +226,9 @@ class TinyLM(nn.Module):
             logp = logp.index_put((torch.tensor(by_command, device=device),), lp)
             entropy = entropy.index_put((torch.tensor(by_command, device=device),), ent)
         if rest:
-            free = self.__class__.completion_logprobs(
-                self, [prompts[i] for i in rest], [completions[i] for i in rest], temperature=temperature, top_p=top_p
-            )
+            free = self.completion_logprobs(
+                [prompts[i] for i in rest], [completions[i] for i in rest], temperature=temperature, top_p=top_p
+            )  # decoded free: no choices, so scored token by token
             index = (torch.tensor(rest, device=device),)
             width = (0, T - free.logprobs.shape[1])
             logp = logp.index_put(index, F.pad(free.logprobs, width))
