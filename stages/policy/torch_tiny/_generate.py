@@ -73,11 +73,29 @@ def generate(
     only emit a continuation of one of its sequences (`stages.policy.choices`), or, when the model chooses
     by command (`TinyLM.choose_by`), one of them is drawn whole (`_commands.py`).
     """
-    if choices is not None and model.choose_by == "command" and any(choices):
-        return _generate_by_command(
-            model, prompts, uniforms=uniforms, greedy=greedy, max_new_tokens=max_new_tokens,
-            temperature=temperature, top_p=top_p, stop_ids=stop_ids, choices=choices,
-        )
+    if choices is None or model.choose_by != "command" or not any(choices):
+        tries = [ChoiceTrie(c) if c else None for c in choices] if choices is not None else None
+        return _decode_tokens(model, prompts, uniforms, greedy, tries, max_new_tokens, temperature, top_p, stop_ids)
+    rows = [i for i, c in enumerate(choices) if c]
+    free = [i for i, c in enumerate(choices) if not c]
+    drawn = _draw_commands(
+        model, [prompts[i] for i in rows], [choices[i] for i in rows], uniforms[rows, 0], [greedy[i] for i in rows],
+        width=max_new_tokens, temperature=temperature, top_p=top_p,
+    )
+    out = dict(zip(rows, drawn, strict=True))
+    if free:  # rows without choices decode freely beside them
+        decoded = _decode_tokens(model, [prompts[i] for i in free], uniforms[free], [greedy[i] for i in free], None,
+                                 max_new_tokens, temperature, top_p, stop_ids)
+        out |= dict(zip(free, decoded, strict=True))
+    return [out[i] for i in range(len(prompts))]
+
+
+def _decode_tokens(
+    model: TinyLM, prompts: Sequence[Sequence[int]], uniforms: torch.Tensor, greedy: Sequence[bool],
+    tries: list[ChoiceTrie | None] | None, max_new_tokens: int, temperature: float, top_p: float, stop_ids: Sequence[int],
+) -> list[Sample]:
+    """`generate` token by token: prefill the left-padded prompts once, then one cached step per token, each
+    row masked by its trie (None: free)."""
     cfg = model.cfg
     B, P = len(prompts), max(len(p) for p in prompts)
     if P + max_new_tokens > cfg.max_len:
@@ -93,7 +111,6 @@ def generate(
     greedy_t = torch.tensor(list(greedy), dtype=torch.bool)  # [B]
     stops = torch.tensor(list(stop_ids))  # [K]
     cache = KVCache.empty(cfg, B, P + max_new_tokens)
-    tries = [ChoiceTrie(c) if c else None for c in choices] if choices is not None else None
 
     h = model.hidden(ids, positions, key_mask[:, :P], cache, start=0)[:, -1]  # [B, D]
     tokens = torch.empty(B, max_new_tokens, dtype=torch.long)  # [B, N]
@@ -161,39 +178,23 @@ def generate_uncached(
     return out
 
 
-def _generate_by_command(
+
+def _draw_commands(
     model: TinyLM,
     prompts: Sequence[Sequence[int]],
-    *,
-    uniforms: torch.Tensor,  # [B, max_new_tokens]
+    choices: Sequence[Sequence[Sequence[int]]],
+    uniforms: torch.Tensor,  # [n] one per row
     greedy: Sequence[bool],
-    max_new_tokens: int,
+    *,
+    width: int,
     temperature: float,
     top_p: float,
-    stop_ids: Sequence[int],
-    choices: Sequence[Sequence[Sequence[int]]],
 ) -> list[Sample]:
-    """`generate` for a command-choosing model: rows with choices draw a whole command with their first
-    uniform; rows without decode freely."""
-    rows = [i for i, c in enumerate(choices) if c]
-    out: list[Sample | None] = [None] * len(prompts)
-    scores = command_scores(model, [prompts[i] for i in rows], [choices[i] for i in rows])  # [n, K]
-    picked = choose_tokens(
-        scores, uniforms[rows, 0], torch.tensor([greedy[i] for i in rows]), temperature=temperature, top_p=top_p
-    )  # [n]
-    options = [choices[i] for i in rows]
+    """One whole command per row (`_commands.py`), recorded with its next-token log-probs."""
+    scores = command_scores(model, prompts, choices)  # [n, K]
+    picked = choose_tokens(scores, uniforms, torch.tensor(list(greedy)), temperature=temperature, top_p=top_p)  # [n]
     logp, _ = chosen_factors(
-        scores, options, picked, max_new_tokens, temperature=temperature, top_p=top_p, vocab=model.cfg.vocab_size
-    )  # [n, N]
-    for r, i in enumerate(rows):
-        command = list(options[r][int(picked[r])])
-        out[i] = Sample(command, logp[r, : len(command)].tolist())
-    free = [i for i, c in enumerate(choices) if not c]
-    if free:
-        samples = generate(
-            model, [prompts[i] for i in free], uniforms=uniforms[free], greedy=[greedy[i] for i in free],
-            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, stop_ids=stop_ids,
-        )
-        for i, sample in zip(free, samples, strict=True):
-            out[i] = sample
-    return [s for s in out if s is not None]
+        scores, choices, picked, width, temperature=temperature, top_p=top_p, vocab=model.cfg.vocab_size
+    )  # [n, width]
+    commands = [list(options[int(j)]) for options, j in zip(choices, picked, strict=True)]
+    return [Sample(c, logp[r, : len(c)].tolist()) for r, c in enumerate(commands)]
