@@ -177,13 +177,14 @@ async def test_custom_stages_see_every_event_and_a_failing_one_is_named(tmp_path
 
 @pytest.mark.slow
 async def test_the_learn_preset_runs_and_acts_only_admissible_commands(tmp_path):
-    """configs/learn.toml on a tiny budget (not its rise): whole commands chosen end to end, all turns trained."""
+    """configs/learn.toml on a tiny budget (not its rise): mixed labels, whole commands chosen end to end, all turns trained."""
     preset = load(ROOT / "configs" / "learn.toml", [])
     assert preset.policy.options["choose_by"] == "command"
     choosing = ", ".join(f"{k} = {json.dumps(preset.policy.options[k])}" for k in ("choose_admissible", "choose_by"))
     options = TINY[-1].replace("bc_eval_tasks = 0}", f"bc_eval_tasks = 0, {choosing}}}")
     cfg = load(ROOT / "configs" / "learn.toml", _tiny(tmp_path, options, "eval.every=1", "gate.k=4"))
     assert cfg.policy.options["choose_by"] == "command" and cfg.learner.max_items == 0
+    assert cfg.env.options["recovery"] == "mixed"  # the searching warm start's labels, built here in one epoch
     result = await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
     assert result.summary["learner_updates"] == cfg.run.updates
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
