@@ -178,7 +178,6 @@ def generate_uncached(
     return out
 
 
-
 def _draw_commands(
     model: TinyLM,
     prompts: Sequence[Sequence[int]],
