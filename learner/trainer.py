@@ -9,12 +9,15 @@ One update trains on a batch of B training groups:
 3. optionally a fixed number of items is sampled (`max_items`, the reference's step items);
 4. `epochs` passes over the items in shuffled mini-batches of `minibatch_items` (0 = the whole batch in
    one step), each one optimizer step; the registered loss gives per-token terms and the registered
-   aggregation their weights over the mini-batch, accumulated exactly across micro-batches;
+   aggregation their weights over the mini-batch, accumulated exactly across micro-batches. The shuffle
+   keeps turns that share a prompt (rollouts of a group that acted alike so far) next to each other, so
+   they share a micro-batch and a model that encodes a repeated prompt once (`torch_tiny`) does so;
 5. an epoch whose approximate KL to the behaviour policy exceeds `max_kl` ends the update early.
 
 Per-update figures (metrics.jsonl): items, tokens, ratio mean, clip fraction, approx KL to behaviour,
 entropy of the sampling distribution, fraction of actions that were not admissible commands, staleness
-lag max / mean, items dropped as stale, epochs run, train success of the batch.
+lag max / mean, items dropped as stale, epochs run, train success of the batch, and the share of items
+whose prompt is distinct (`learner/distinct_prompt_fraction`: what a repeated-prompt saving can save).
 """
 
 from __future__ import annotations
@@ -134,6 +137,21 @@ def _turn_advantages(
     return episode.tolist(), [s.tolist() for s in steps]
 
 
+def _prompt_key(item: TrainItem) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    return tuple(item.prompt_ids), tuple(map(tuple, item.choices))
+
+
+def shuffled_by_prompt(items: Sequence[TrainItem], rng: random.Random) -> list[TrainItem]:
+    """`items` in random order, except that items with the same prompt and choices stay together (in the
+    order given): the distinct prompts are shuffled, each followed by all of its items."""
+    together: dict[tuple[tuple[int, ...], tuple[tuple[int, ...], ...]], list[TrainItem]] = {}
+    for item in items:
+        together.setdefault(_prompt_key(item), []).append(item)
+    keys = list(together)
+    rng.shuffle(keys)
+    return [item for key in keys for item in together[key]]
+
+
 def _padded(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
     out = torch.zeros(len(rows), width)  # [N, T]
     for i, row in enumerate(rows):
@@ -209,6 +227,7 @@ class Trainer:
             "learner/batch_success": sum(t.success for t in rollouts) / len(rollouts) if rollouts else 0.0,
             "staleness_lag_max": float(max((it.lag for it in items), default=0)),
             "staleness_lag_mean": sum(it.lag for it in items) / len(items) if items else 0.0,
+            "learner/distinct_prompt_fraction": len({_prompt_key(it) for it in items}) / len(items) if items else 0.0,
         }
         if items:
             stats |= self._train(items)
@@ -222,7 +241,7 @@ class Trainer:
         grad_norms: list[float] = []
         epochs = 0
         for _ in range(self.cfg.epochs):
-            order = self._rng.sample(items, len(items))
+            order = shuffled_by_prompt(items, self._rng)
             sums = _Sums()
             for start in range(0, len(order), size):
                 grad_norms.append(self._step(order[start : start + size], sums))

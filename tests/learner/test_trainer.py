@@ -1,5 +1,7 @@
 """The GRPO update on a fixed batch: items are built right, loss goes down, parameters move."""
 
+import random
+
 import pytest
 import torch
 
@@ -184,3 +186,25 @@ def test_update_reports_the_figures_that_show_trouble_coming():
         assert key in stats
     assert stats["learner/ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # first epoch, unchanged weights
     assert stats["learner/entropy"] > 0
+
+
+def test_the_shuffle_keeps_turns_with_one_prompt_together():
+    from learner.trainer import TrainItem, shuffled_by_prompt
+
+    prompts = [[1], [2], [1], [3], [2], [1]]
+    items = [TrainItem(p, [i], [0.0], 1.0, i, 0) for i, p in enumerate(prompts)]
+    orders = set()
+    for seed in range(20):
+        order = shuffled_by_prompt(items, random.Random(seed))
+        assert sorted(it.trajectory for it in order) == list(range(6))  # a permutation
+        runs = [it.prompt_ids[0] for it in order]
+        assert sum(a != b for a, b in zip(runs, runs[1:], strict=False)) == 2  # three prompts, three blocks
+        orders.add(tuple(runs))
+    assert len(orders) == 6  # every order of the three prompts occurs
+
+
+def test_update_reports_the_share_of_distinct_prompts():
+    model = BigramModel()
+    trainer = Trainer(model, LearnerSection(lr=0.05, max_items=0), clipped_ratio_loss)
+    _, stats = trainer.update([_group(model, 0, [1.0, 0.0, 0.0, 1.0])])  # four turns, one prompt
+    assert stats["learner/distinct_prompt_fraction"] == pytest.approx(0.25)

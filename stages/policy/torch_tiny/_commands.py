@@ -18,7 +18,9 @@ clipping, aggregation and the KL figures work unchanged.
 
 All commands of a prompt are scored in one packed row: the prompt, then every command, each command
 attending to the prompt and to its own earlier tokens only (positions restart after the prompt), so the
-prompt is encoded once however many commands there are.
+prompt is encoded once however many commands there are. Rows that repeat an earlier row (the same prompt
+and commands: rollouts of one group that acted alike so far, decoded in one batch or trained in one
+micro-batch) are encoded once too (`distinct_rows`); their scores are copies, and gradients add up.
 """
 
 from __future__ import annotations
@@ -93,11 +95,39 @@ def pack(prompts: Sequence[Sequence[int]], choices: Sequence[Sequence[Sequence[i
     return Packed(ids, pos_t, allowed[:, None], predict_t, target_t, owner_t, K)
 
 
+def distinct_rows(
+    prompts: Sequence[Sequence[int]], choices: Sequence[Sequence[Sequence[int]]]
+) -> tuple[list[int], list[int]]:
+    """(first: the index of each distinct (prompt, commands) row in first-seen order, inverse: for each
+    row, its position in `first`). Pure."""
+    seen: dict[tuple[tuple[int, ...], tuple[tuple[int, ...], ...]], int] = {}
+    first: list[int] = []
+    inverse: list[int] = []
+    for i, (prompt, options) in enumerate(zip(prompts, choices, strict=True)):
+        key = (tuple(prompt), tuple(map(tuple, options)))
+        if key not in seen:
+            seen[key] = len(first)
+            first.append(i)
+        inverse.append(seen[key])
+    return first, inverse
+
+
 def command_scores(
     model: TinyLM, prompts: Sequence[Sequence[int]], choices: Sequence[Sequence[Sequence[int]]]
 ) -> torch.Tensor:
     """score(c) = log p_theta(c | prompt) of each command: [N, K], -inf where a row has fewer commands.
-    Differentiable in the model's weights."""
+    Differentiable in the model's weights. A repeated row is encoded once (`distinct_rows`)."""
+    first, inverse = distinct_rows(prompts, choices)
+    if len(first) < len(prompts):
+        scores = _scores(model, [prompts[i] for i in first], [choices[i] for i in first])  # [U, K]
+        return scores[torch.tensor(inverse, device=scores.device)]  # [N, K]
+    return _scores(model, prompts, choices)
+
+
+def _scores(
+    model: TinyLM, prompts: Sequence[Sequence[int]], choices: Sequence[Sequence[Sequence[int]]]
+) -> torch.Tensor:
+    """`command_scores` of every row as given: [N, K]."""
     device = model.tok_emb.weight.device
     packed = pack(prompts, choices, model.cfg.pad_id)
     h = model.hidden(packed.ids.to(device), packed.positions.to(device), allowed=packed.allowed.to(device))  # [N, L, D]

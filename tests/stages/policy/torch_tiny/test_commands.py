@@ -12,6 +12,7 @@ from stages.policy.torch_tiny._commands import (
     chosen_factors,
     command_logdist,
     command_scores,
+    distinct_rows,
     pack,
     padded_commands,
     token_factors,
@@ -133,3 +134,25 @@ def test_chosen_factors_pad_past_the_command() -> None:
     scores = torch.tensor([[-1.0, -2.0]])
     logp, entropy = chosen_factors(scores, [[[3, 2], [4, 5, 2]]], torch.tensor([0]), 5, temperature=1.0, top_p=1.0, vocab=8)
     assert logp.shape == (1, 5) and logp[0, 2:].eq(0).all() and entropy[0, 2:].eq(0).all()
+
+
+def test_repeated_rows_are_encoded_once_and_score_and_train_as_if_apart(model: TinyLM) -> None:
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0], PROMPTS[0]]
+    choices = [CHOICES[0], CHOICES[1], CHOICES[0], CHOICES[0][:2]]  # row 3: same prompt, other commands
+    assert distinct_rows(prompts, choices) == ([0, 1, 3], [0, 1, 0, 2])
+    weights = torch.tensor([[1.0, -2.0, 0.5], [0.3, 0.7, 0.0], [2.0, 1.0, -1.0], [1.5, 0.2, 0.0]])  # [4, 3]
+
+    def scores_and_grad(one_call: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        model.zero_grad()
+        if one_call:  # rows 0 and 2 encoded once
+            scores = command_scores(model, prompts, choices)  # [4, 3]
+        else:  # one call per row
+            rows = [command_scores(model, [p], [c]) for p, c in zip(prompts, choices, strict=True)]
+            scores = torch.cat([torch.nn.functional.pad(r, (0, 3 - r.shape[1]), value=float("-inf")) for r in rows])
+        (scores.masked_fill(torch.isinf(scores), 0.0) * weights).sum().backward()
+        return scores.detach(), model.tok_emb.weight.grad.clone()
+
+    together, grad_together = scores_and_grad(one_call=True)
+    apart, grad_apart = scores_and_grad(one_call=False)
+    torch.testing.assert_close(together, apart, atol=1e-5, rtol=0)
+    torch.testing.assert_close(grad_together, grad_apart, atol=1e-5, rtol=1e-4)
