@@ -12,7 +12,9 @@ One update trains on a batch of B training groups:
    aggregation their weights over the mini-batch, accumulated exactly across micro-batches. The shuffle
    keeps turns that share a prompt (rollouts of a group that acted alike so far) next to each other, so
    they share a micro-batch and a model that encodes a repeated prompt once (`torch_tiny`) does so;
-5. an epoch whose approximate KL to the behaviour policy exceeds `max_kl` ends the update early.
+5. an epoch whose approximate KL to the behaviour policy exceeds `max_kl` ends the update early;
+6. the weights returned for publishing are the new iterate, or with `ema` > 0 an exponential moving
+   average of the iterates (`average_into`), which then is what rollouts sample from.
 
 Per-update figures (metrics.jsonl): items, tokens, ratio mean, clip fraction, approx KL to behaviour,
 entropy of the sampling distribution, fraction of actions that were not admissible commands, staleness
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -205,6 +207,8 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
         self.reference = copy.deepcopy(model).requires_grad_(False) if cfg.kl_coef > 0 else None
         self._rng = random.Random(seed)
+        self._average = self._weights() if cfg.ema > 0 else None
+        """The published weights when `cfg.ema` > 0: a moving average of the iterates, from the initial weights."""
 
     def update(self, groups: Sequence[GroupResult], *, version: int = 0) -> tuple[dict[str, Any], dict[str, float]]:
         """Train on `groups` with the weights of learner `version`. Returns (a detached copy of the new
@@ -231,8 +235,16 @@ class Trainer:
         }
         if items:
             stats |= self._train(items)
-        state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        return state, stats
+        if self._average is not None:
+            average_into(self._average, self.model.state_dict(), self.cfg.ema)
+        return self.published(), stats
+
+    def _weights(self) -> dict[str, Any]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def published(self) -> dict[str, Any]:
+        """A copy of the weights the policy serves: the latest iterate, or its moving average (`ema`)."""
+        return self._weights() if self._average is None else {k: v.clone() for k, v in self._average.items()}
 
     def _train(self, items: list[TrainItem]) -> dict[str, float]:
         self.model.train()
@@ -304,15 +316,36 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """Weights, optimizer state and the item-sampling rng, copied (for checkpoints; call between updates)."""
         return {
-            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "model": self._weights(),
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "rng": self._rng.getstate(),
+            "average": None if self._average is None else {k: v.clone() for k, v in self._average.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])  # type: ignore[attr-defined]
         self.optimizer.load_state_dict(state["optimizer"])
         self._rng.setstate(state["rng"])
+        if self._average is not None:  # a checkpoint from before `ema` was set starts its average here
+            saved = state.get("average")
+            self._average = {k: v.clone() for k, v in saved.items()} if saved is not None else self._weights()
+
+
+def published_weights(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The policy's weights in a `Trainer.state_dict()`: the moving average when `ema` kept one, else the
+    learner's weights."""
+    return state["average"] if state.get("average") is not None else state["model"]
+
+
+def average_into(average: dict[str, torch.Tensor], weights: Mapping[str, torch.Tensor], decay: float) -> None:
+    """average <- decay x average + (1 - decay) x weights, in place, for floating-point tensors; other
+    tensors (integer buffers) take the new value."""
+    with torch.no_grad():
+        for name, value in weights.items():
+            if value.is_floating_point():
+                average[name].mul_(decay).add_(value.detach(), alpha=1 - decay)
+            else:
+                average[name].copy_(value)
 
 
 def _constraints(chunk: list[TrainItem]) -> dict[str, Any]:

@@ -269,6 +269,10 @@ class LearnerSection(_Section):
     """Weight of a KL(pi || warm start) penalty per token (0 = off; costs one more forward pass)."""
     max_kl: float = 0.0
     """Stop an update's epochs early once an epoch's approx KL to the behaviour policy exceeds this (0 = off)."""
+    ema: float = 0.0
+    """Publish an exponential moving average of the learner's weights instead of its latest iterate: after
+    each update, published = ema x published + (1 - ema) x learner weights (0 = off). Rollouts, held-out
+    measures and checkpoints all see the published weights; the learner's clipped ratio is against them."""
     torch_threads: int = 1
 
     def problems(self) -> list[str]:
@@ -285,6 +289,7 @@ class LearnerSection(_Section):
             (self.norm_tokens > 0, "learner.norm_tokens must be > 0"),
             (self.kl_coef >= 0, "learner.kl_coef must be >= 0"),
             (self.max_kl >= 0, "learner.max_kl must be >= 0"),
+            (0 <= self.ema < 1, "learner.ema must be in [0, 1)"),
             (0 <= self.negative_weight <= 1, "learner.negative_weight must be in [0, 1]"),
             (self.step_weight >= 0, "learner.step_weight must be >= 0"),
             (0 < self.gamma <= 1, "learner.gamma must be in (0, 1]"),

@@ -24,7 +24,7 @@ from gates import GATES, build_gate, check_gate
 from gates.allocators import AllocatorContext, build_allocator, check_allocator
 from learner.aggregation import AGGREGATIONS
 from learner.losses import LOSSES
-from learner.trainer import Trainer
+from learner.trainer import Trainer, published_weights
 from stages import envs
 from stages.envs import EnvSuite, Task
 from stages.evaluate import EvalReport, evaluate_splits
@@ -337,7 +337,7 @@ async def _build_policy(cfg: RunConfig, suite: EnvSuite, checkpoint: dict[str, A
         return policy, time.perf_counter() - t0
     cold = msgspec.structs.replace(cfg, pretrain=msgspec.structs.replace(cfg.pretrain, enabled=False))
     policy = await trio.to_thread.run_sync(build_policy, cold, suite, abandon_on_cancel=True)
-    policy.load_weights(checkpoint["version"], checkpoint["trainer"]["model"])
+    policy.load_weights(checkpoint["version"], published_weights(checkpoint["trainer"]))
     load_sampling = getattr(policy, "load_sampling_state", None)
     if load_sampling is not None and checkpoint["policy"] is not None:
         load_sampling(checkpoint["policy"])
@@ -368,5 +368,5 @@ def _generated_tokens(policy: Policy) -> int | None:
 
 
 def _save_checkpoints(run_dir: Path, trainer: Trainer, allocator: Any) -> None:
-    resume.atomic_write(run_dir / "checkpoints" / "policy.pt", lambda f: torch.save(trainer.model.state_dict(), f))
+    resume.atomic_write(run_dir / "checkpoints" / "policy.pt", lambda f: torch.save(trainer.published(), f))
     resume.atomic_write_text(run_dir / "checkpoints" / "allocator.json", json.dumps(allocator.state_dict()))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from learner.losses import clipped_ratio_loss
-from learner.trainer import Trainer, build_items
+from learner.trainer import Trainer, build_items, published_weights
 from pipeline.config import LearnerSection
 from pipeline.messages import GroupResult, Trajectory, TrajectoryStatus, Turn
 
@@ -208,3 +208,30 @@ def test_update_reports_the_share_of_distinct_prompts():
     trainer = Trainer(model, LearnerSection(lr=0.05, max_items=0), clipped_ratio_loss)
     _, stats = trainer.update([_group(model, 0, [1.0, 0.0, 0.0, 1.0])])  # four turns, one prompt
     assert stats["learner/distinct_prompt_fraction"] == pytest.approx(0.25)
+
+
+def test_ema_publishes_a_moving_average_of_the_iterates_and_checkpoints_it():
+    model = BigramModel()
+    start = model.state_dict()["table.weight"].clone()
+    trainer = Trainer(model, LearnerSection(lr=0.05, max_items=0, ema=0.75), clipped_ratio_loss)
+    published, _ = trainer.update([_group(model, 0, [1.0, 0.0])])
+    first = model.state_dict()["table.weight"].clone()
+    assert not torch.equal(first, start)
+    torch.testing.assert_close(published["table.weight"], 0.75 * start + 0.25 * first)
+    published, _ = trainer.update([_group(model, 1, [1.0, 0.0])])
+    second = model.state_dict()["table.weight"]
+    torch.testing.assert_close(published["table.weight"], 0.75 * (0.75 * start + 0.25 * first) + 0.25 * second)
+
+    saved = trainer.state_dict()
+    assert torch.equal(published_weights(saved)["table.weight"], published["table.weight"])
+    fresh = Trainer(BigramModel(), LearnerSection(lr=0.05, max_items=0, ema=0.75), clipped_ratio_loss)
+    fresh.load_state_dict(saved)  # a resumed run goes on averaging from the same point
+    assert torch.equal(fresh.published()["table.weight"], published["table.weight"])
+
+
+def test_without_ema_the_latest_iterate_is_published():
+    model = BigramModel()
+    trainer = Trainer(model, LearnerSection(lr=0.05, max_items=0), clipped_ratio_loss)
+    published, _ = trainer.update([_group(model, 0, [1.0, 0.0])])
+    assert torch.equal(published["table.weight"], model.state_dict()["table.weight"])
+    assert torch.equal(published_weights(trainer.state_dict())["table.weight"], published["table.weight"])

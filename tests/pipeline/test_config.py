@@ -95,3 +95,10 @@ def test_step_level_advantage_ranges_are_checked():
         load_config(None, ["learner.step_weight=-1", "learner.gamma=0"])
     assert info.value.problems == ["learner.step_weight must be >= 0", "learner.gamma must be in (0, 1]"]
     assert load_config(None, ["learner.step_weight=1", "learner.gamma=1"]).learner.step_weight == 1.0
+
+
+def test_the_weight_average_decay_is_checked():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["learner.ema=1"])
+    assert info.value.problems == ["learner.ema must be in [0, 1)"]
+    assert load_config(None, ["learner.ema=0.8"]).learner.ema == 0.8
