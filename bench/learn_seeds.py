@@ -48,12 +48,18 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}"
 
 
+def _curve(summary: dict) -> str:
+    """The periodic held-out measures of a run (mean of the splits), e.g. "8: 47.0, 16: 47.2"."""
+    points = [(p["iteration"], p.get("heldout/mean")) for p in summary.get("heldout_curve", [])]
+    return ", ".join(f"{i}: {_pct(m)}" for i, m in points if m is not None) or "none"
+
+
 def report(folders: list[Path]) -> str:
     """A markdown table of the runs' held-out success before -> after, their cost, and the mean rise."""
     rows = [json.loads((folder / "summary.json").read_text()) for folder in folders]
     lines = [
-        "| seed | seen before → after | unseen before → after | mean before → after | rise (pp) | job wall s | GRPO wall s | env steps | learner updates |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| seed | seen before → after | unseen before → after | mean before → after | rise (pp) | mean on the way (update: %) | job wall s | GRPO wall s | env steps | learner updates |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     before: dict[int, float | None] = {}
     after: dict[int, float | None] = {}
@@ -65,7 +71,7 @@ def report(folders: list[Path]) -> str:
         lines.append(
             f"| {seed} | {_pct(b.get('heldout_seen'))} → {_pct(a.get('heldout_seen'))} "
             f"| {_pct(b.get('heldout_unseen'))} → {_pct(a.get('heldout_unseen'))} "
-            f"| {_pct(before[seed])} → {_pct(after[seed])} | {_pct(rise)} "
+            f"| {_pct(before[seed])} → {_pct(after[seed])} | {_pct(rise)} | {_curve(s)} "
             f"| {s['wall_s']:.0f} | {s['grpo_wall_s']:.0f} | {s['env_steps']} | {s['learner_updates']} |"
         )
     interval = paired_difference(before, after)

@@ -33,6 +33,7 @@ def _run_folder(tmp_path: Path, seed: int, before: tuple[float, float], after: t
         "grpo_wall_s": 1500.2,
         "env_steps": 1000 + seed,
         "learner_updates": 40,
+        "heldout_curve": [{"iteration": 8, "heldout/mean": sum(after) / 2 + 0.01}] if seed == 0 else [],
     }
     (folder / "summary.json").write_text(json.dumps(summary))
     return folder
@@ -45,8 +46,8 @@ def test_report_gives_a_row_per_seed_and_the_mean_rise(learn_seeds, tmp_path: Pa
         _run_folder(tmp_path, 2, (0.20, 0.20), (0.26, 0.26)),  # +6 points
     ]
     text = learn_seeds.report(folders)
-    assert "| 0 | 20.0 → 32.0 | 18.0 → 30.0 | 19.0 → 31.0 | 12.0 | 1700 | 1500 | 1000 | 40 |" in text
-    assert "| 2 | 20.0 → 26.0 | 20.0 → 26.0 | 20.0 → 26.0 | 6.0 |" in text
+    assert "| 0 | 20.0 → 32.0 | 18.0 → 30.0 | 19.0 → 31.0 | 12.0 | 8: 32.0 | 1700 | 1500 | 1000 | 40 |" in text
+    assert "| 2 | 20.0 → 26.0 | 20.0 → 26.0 | 20.0 → 26.0 | 6.0 | none |" in text
     assert "Mean rise over seeds [0, 1, 2]: +9.3 pp" in text
     low, high = text.split("interval [")[1].split("]")[0].split(", ")
     assert 6.0 <= float(low) <= 9.3 <= float(high) <= 12.0
