@@ -39,7 +39,7 @@ from pipeline.job import build_policy, build_suite, load  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
 from stages.lockstep import play_lockstep  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
-from stages.policy.torch_tiny._commands import _scores, command_scores  # noqa: E402
+from stages.policy.torch_tiny._commands import command_scores, every_row_scores  # noqa: E402
 from stages.policy.torch_tiny._pretrain import _decode  # noqa: E402
 from stages.policy.torch_tiny._prompt import parse_action  # noqa: E402
 from stages.policy.torch_tiny._server import request_uniforms  # noqa: E402
@@ -126,8 +126,8 @@ def main(args: argparse.Namespace) -> None:
                         chosen_sum(score, model, rows[lo : lo + policy.sampling.max_batch])
         return run
 
-    learn = best_of(args.repeat, {"every row": learner(plain, _scores), "repeats once": learner(grouped, command_scores)})
-    decode = best_of(args.repeat, {"every row": decoding(_scores), "repeats once": decoding(command_scores)})
+    learn = best_of(args.repeat, {"every row": learner(plain, every_row_scores), "repeats once": learner(grouped, command_scores)})
+    decode = best_of(args.repeat, {"every row": decoding(every_row_scores), "repeats once": decoding(command_scores)})
     in_batches = [distinct_share(rows[lo : lo + policy.sampling.max_batch]) for rows in steps
                   for lo in range(0, len(rows), policy.sampling.max_batch)]
     in_micro = [distinct_share(grouped[lo : lo + micro]) for lo in range(0, len(grouped), micro)]

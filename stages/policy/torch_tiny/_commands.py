@@ -119,15 +119,15 @@ def command_scores(
     Differentiable in the model's weights. A repeated row is encoded once (`distinct_rows`)."""
     first, inverse = distinct_rows(prompts, choices)
     if len(first) < len(prompts):
-        scores = _scores(model, [prompts[i] for i in first], [choices[i] for i in first])  # [U, K]
+        scores = every_row_scores(model, [prompts[i] for i in first], [choices[i] for i in first])  # [U, K]
         return scores[torch.tensor(inverse, device=scores.device)]  # [N, K]
-    return _scores(model, prompts, choices)
+    return every_row_scores(model, prompts, choices)
 
 
-def _scores(
+def every_row_scores(
     model: TinyLM, prompts: Sequence[Sequence[int]], choices: Sequence[Sequence[Sequence[int]]]
 ) -> torch.Tensor:
-    """`command_scores` of every row as given: [N, K]."""
+    """Scores [N, K] of every row as given, a repeated row encoded again (what `command_scores` saves)."""
     device = model.tok_emb.weight.device
     packed = pack(prompts, choices, model.cfg.pad_id)
     h = model.hidden(packed.ids.to(device), packed.positions.to(device), allowed=packed.allowed.to(device))  # [N, L, D]
