@@ -185,6 +185,7 @@ async def test_the_learn_preset_runs_and_acts_only_admissible_commands(tmp_path)
     cfg = load(ROOT / "configs" / "learn.toml", _tiny(tmp_path, options, "eval.every=1", "gate.k=4"))
     assert cfg.policy.options["choose_by"] == "command" and cfg.learner.max_items == 0
     assert cfg.env.options["recovery"] == "mixed"  # the searching warm start's labels, built here in one epoch
+    assert cfg.learner.ema > 0 and not cfg.gate.enabled  # a moving average is published; every group trains
     result = await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
     assert result.summary["learner_updates"] == cfg.run.updates
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
