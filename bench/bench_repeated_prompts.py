@@ -39,7 +39,7 @@ from pipeline.job import build_policy, build_suite, load  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
 from stages.lockstep import play_lockstep  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
-from stages.policy.torch_tiny._commands import command_scores, every_row_scores  # noqa: E402
+from stages.policy.torch_tiny._commands import command_scores, distinct_rows, every_row_scores  # noqa: E402
 from stages.policy.torch_tiny._pretrain import _decode  # noqa: E402
 from stages.policy.torch_tiny._prompt import parse_action  # noqa: E402
 from stages.policy.torch_tiny._server import request_uniforms  # noqa: E402
@@ -91,7 +91,8 @@ def best_of(repeat: int, runs: dict[str, Callable[[], None]]) -> dict[str, float
 
 
 def distinct_share(rows: Sequence[tuple[list[int], list[list[int]], int]]) -> float:
-    return len({(tuple(p), tuple(map(tuple, c))) for p, c, _ in rows}) / max(1, len(rows))
+    first, _ = distinct_rows([r[0] for r in rows], [r[1] for r in rows])
+    return len(first) / max(1, len(rows))
 
 
 def main(args: argparse.Namespace) -> None:
