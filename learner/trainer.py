@@ -13,10 +13,12 @@ One update trains on a batch of B training groups:
    keeps turns that share a prompt (rollouts of a group that acted alike so far) next to each other, so
    they share a micro-batch and a model that encodes a repeated prompt once (`torch_tiny`) does so;
 5. an epoch whose approximate KL to the behaviour policy exceeds `max_kl` ends the update early;
-6. the weights returned for publishing are the new iterate, or with `ema` > 0 an exponential moving
+6. the optimizer's lr for the update is `lr` x the schedule's factor at version / `run.updates`
+   (`learner/schedules.py`; constant by default);
+7. the weights returned for publishing are the new iterate, or with `ema` > 0 an exponential moving
    average of the iterates (`average_into`), which then is what rollouts sample from.
 
-Per-update figures (metrics.jsonl): items, tokens, ratio mean, clip fraction, approx KL to behaviour,
+Per-update figures (metrics.jsonl): lr, items, tokens, ratio mean, clip fraction, approx KL to behaviour,
 entropy of the sampling distribution, fraction of actions that were not admissible commands, staleness
 lag max / mean, items dropped as stale, epochs run, train success of the batch, and the share of items
 whose prompt is distinct (`learner/distinct_prompt_fraction`: what a repeated-prompt saving can save).
@@ -37,6 +39,7 @@ from pipeline.contracts import TrainableModel
 from pipeline.messages import GroupResult, Trajectory, TrajectoryStatus
 
 from .advantages import discounted_returns, group_advantages, step_advantages
+from .schedules import lr_factor
 
 LossFn = Callable[..., torch.Tensor]
 AggregationFn = Callable[..., torch.Tensor]
@@ -195,6 +198,7 @@ class Trainer:
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int = 0,
+        total_updates: int = 1,
     ) -> None:
         from .aggregation import AGGREGATIONS
 
@@ -205,6 +209,8 @@ class Trainer:
         self.temperature = temperature
         self.top_p = top_p
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        self.total_updates = total_updates
+        """The schedule's horizon (`run.updates`): update `version` runs at lr x lr_factor(version / total)."""
         self.reference = copy.deepcopy(model).requires_grad_(False) if cfg.kl_coef > 0 else None
         self._rng = random.Random(seed)
         self._average = self._weights() if cfg.ema > 0 else None
@@ -233,6 +239,10 @@ class Trainer:
             "staleness_lag_mean": sum(it.lag for it in items) / len(items) if items else 0.0,
             "learner/distinct_prompt_fraction": len({_prompt_key(it) for it in items}) / len(items) if items else 0.0,
         }
+        lr = self.cfg.lr * lr_factor(self.cfg.lr_schedule, version, self.total_updates, self.cfg.lr_floor)
+        for param_group in self.optimizer.param_groups:
+            param_group["lr"] = lr
+        stats["learner/lr"] = lr
         if items:
             stats |= self._train(items)
         if self._average is not None:

@@ -229,6 +229,11 @@ class LearnerSection(_Section):
     batch_groups: int = 8
     """B: groups per update."""
     lr: float = 5e-4
+    lr_schedule: str = "constant"
+    """How the lr moves over the run's `run.updates` (`learner.schedules.LR_SCHEDULES`): constant, linear or
+    cosine, from `lr` down to `lr` x `lr_floor`; a run that ends on its wall budget first stops part-way."""
+    lr_floor: float = 0.1
+    """The scheduled lr's last value as a fraction of `lr` (linear, cosine)."""
     loss: str = "clipped_ratio"
     """Per-token loss terms (`learner.losses.LOSSES`): clipped_ratio (GRPO/PPO) or reinforce (the reference)."""
     aggregation: str = "trajectory_mean"
@@ -279,6 +284,7 @@ class LearnerSection(_Section):
         return _failed(
             (self.batch_groups >= 1, "learner.batch_groups must be >= 1"),
             (self.lr > 0, "learner.lr must be > 0"),
+            (0 <= self.lr_floor <= 1, "learner.lr_floor must be in [0, 1]"),
             (0 <= self.clip_eps < 1, "learner.clip_eps must be in [0, 1)"),
             (self.max_staleness >= 0, "learner.max_staleness must be >= 0"),
             (self.micro_batch >= 1, "learner.micro_batch must be >= 1"),

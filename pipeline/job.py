@@ -24,6 +24,7 @@ from gates import GATES, build_gate, check_gate
 from gates.allocators import AllocatorContext, build_allocator, check_allocator
 from learner.aggregation import AGGREGATIONS
 from learner.losses import LOSSES
+from learner.schedules import LR_SCHEDULES
 from learner.trainer import Trainer, published_weights
 from stages import envs
 from stages.envs import EnvSuite, Task
@@ -64,6 +65,7 @@ def name_checks(cfg: RunConfig) -> list[str]:
     problems += gate_problems
     problems += LOSSES.check(cfg.learner.loss, "learner.loss")
     problems += AGGREGATIONS.check(cfg.learner.aggregation, "learner.aggregation")
+    problems += LR_SCHEDULES.check(cfg.learner.lr_schedule, "learner.lr_schedule")
     problems += [f"allocator: {p}" for p in check_allocator(cfg.allocator.name, cfg.allocator.options)]
     for i, spec in enumerate(cfg.stages):
         stage_problems = STAGES.check(spec.target, f"stages[{i}].target")
@@ -282,7 +284,7 @@ def _grpo_parts(
     )
     trainer = Trainer(
         policy.trainable(), cfg.learner, LOSSES.get(cfg.learner.loss),
-        temperature=cfg.policy.temperature, top_p=cfg.policy.top_p, seed=cfg.run.seed,
+        temperature=cfg.policy.temperature, top_p=cfg.policy.top_p, seed=cfg.run.seed, total_updates=cfg.run.updates,
     )
     if checkpoint is not None:
         allocator.load_state_dict(checkpoint["allocator"])

@@ -310,7 +310,7 @@ async def _serve_learner(cfg: RunConfig, t: TransportSection, run_dir: str, stat
     model = POLICIES.get(cfg.policy.backend)(one, no_warm, suite, seed=cfg.run.seed).trainable()
     model.load_state_dict(state["model"])  # before the Trainer: its KL reference copies these weights
     trainer = Trainer(model, cfg.learner, LOSSES.get(cfg.learner.loss), temperature=cfg.policy.temperature,
-                      top_p=cfg.policy.top_p, seed=cfg.run.seed)
+                      top_p=cfg.policy.top_p, seed=cfg.run.seed, total_updates=cfg.run.updates)
     trainer.load_state_dict(dict(state))
     async with _child(t, parent) as (zmq, reports, nursery):
         learner = LearnerStage(trainer, cfg.learner, reports=_WireReports(reports), version=version,

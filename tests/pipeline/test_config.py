@@ -102,3 +102,10 @@ def test_the_weight_average_decay_is_checked():
         load_config(None, ["learner.ema=1"])
     assert info.value.problems == ["learner.ema must be in [0, 1)"]
     assert load_config(None, ["learner.ema=0.8"]).learner.ema == 0.8
+
+
+def test_the_lr_floor_is_checked():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["learner.lr_floor=1.5"])
+    assert info.value.problems == ["learner.lr_floor must be in [0, 1]"]
+    assert load_config(None, ["learner.lr_schedule=linear", "learner.lr_floor=0.1"]).learner.lr_schedule == "linear"

@@ -1,9 +1,10 @@
 """pipeline/job.py pieces that need no real policy."""
 
+import pytest
 import trio
 
 import pipeline.job as job
-from pipeline.config import RunConfig
+from pipeline.config import ConfigError, RunConfig, load_config
 from stages.evaluate import EvalReport
 
 
@@ -46,3 +47,11 @@ async def test_overlapping_periodic_evaluations_take_turns_on_the_one_evaluation
     assert len(built) == 1 and sorted(built[0].versions) == [1, 2]  # Trio starts the two in either order
     assert scores == {1: {"seen": 0.1}, 2: {"seen": 0.2}}
     assert trio.current_time() == 10.0  # one after the other
+
+
+def test_an_unknown_lr_schedule_is_listed_with_the_other_bad_names():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["learner.lr_schedule=stepwise", "learner.aggregation=nope"], extra_checks=[job.name_checks])
+    problems = "\n".join(info.value.problems)
+    assert "learner.lr_schedule" in problems and "stepwise" in problems
+    assert "learner.aggregation" in problems
