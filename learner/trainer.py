@@ -250,7 +250,7 @@ class Trainer:
         return self.published(), stats
 
     def _weights(self) -> dict[str, Any]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return _copied(self.model.state_dict())
 
     def published(self) -> dict[str, Any]:
         """A copy of the weights the policy serves: the latest iterate, or its moving average (`ema`)."""
@@ -324,16 +324,21 @@ class Trainer:
         return (log_ratio.exp() - log_ratio - 1) * mask
 
     def state_dict(self) -> dict[str, Any]:
-        """Weights, optimizer state and the item-sampling rng, copied (for checkpoints; call between updates)."""
+        """Weights, optimizer state, the item-sampling rng, the moving average (`ema`) and the KL reference
+        (`kl_coef`), copied (for checkpoints; call between updates)."""
         return {
             "model": self._weights(),
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "rng": self._rng.getstate(),
             "average": None if self._average is None else {k: v.clone() for k, v in self._average.items()},
+            "reference": None if self.reference is None else _copied(self.reference.state_dict()),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])  # type: ignore[attr-defined]
+        if self.reference is not None and state.get("reference") is not None:
+            # the KL penalty's anchor stays the warm start: the model it was copied from holds a checkpoint now
+            self.reference.load_state_dict(state["reference"])  # type: ignore[attr-defined]
         self.optimizer.load_state_dict(state["optimizer"])
         self._rng.setstate(state["rng"])
         if self._average is not None:  # a checkpoint from before `ema` was set starts its average here
@@ -356,6 +361,10 @@ def average_into(average: dict[str, torch.Tensor], weights: Mapping[str, torch.T
                 average[name].mul_(decay).add_(value.detach(), alpha=1 - decay)
             else:
                 average[name].copy_(value)
+
+
+def _copied(weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in weights.items()}
 
 
 def _constraints(chunk: list[TrainItem]) -> dict[str, Any]:

@@ -235,3 +235,19 @@ def test_without_ema_the_latest_iterate_is_published():
     published, _ = trainer.update([_group(model, 0, [1.0, 0.0])])
     assert torch.equal(published["table.weight"], model.state_dict()["table.weight"])
     assert torch.equal(published_weights(trainer.state_dict())["table.weight"], published["table.weight"])
+
+
+def test_a_resumed_trainer_keeps_the_warm_start_as_its_kl_reference():
+    model = BigramModel()
+    warm_start = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = LearnerSection(lr=0.05, max_items=0, kl_coef=0.1)
+    trainer = Trainer(model, cfg, clipped_ratio_loss)
+    trainer.update([_group(model, 0, [1.0, 0.0])])
+    saved = trainer.state_dict()
+    assert not torch.equal(saved["model"]["table.weight"], warm_start["table.weight"])
+
+    resumed_model = BigramModel()
+    resumed_model.load_state_dict(saved["model"])  # as a resume does: the policy holds the checkpoint first
+    resumed = Trainer(resumed_model, cfg, clipped_ratio_loss)
+    resumed.load_state_dict(saved)
+    assert torch.equal(resumed.reference.state_dict()["table.weight"], warm_start["table.weight"])
