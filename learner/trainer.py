@@ -254,7 +254,7 @@ class Trainer:
 
     def published(self) -> dict[str, Any]:
         """A copy of the weights the policy serves: the latest iterate, or its moving average (`ema`)."""
-        return self._weights() if self._average is None else {k: v.clone() for k, v in self._average.items()}
+        return self._weights() if self._average is None else _copied(self._average)
 
     def _train(self, items: list[TrainItem]) -> dict[str, float]:
         self.model.train()
@@ -330,7 +330,7 @@ class Trainer:
             "model": self._weights(),
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "rng": self._rng.getstate(),
-            "average": None if self._average is None else {k: v.clone() for k, v in self._average.items()},
+            "average": None if self._average is None else _copied(self._average),
             "reference": None if self.reference is None else _copied(self.reference.state_dict()),
         }
 
@@ -343,7 +343,7 @@ class Trainer:
         self._rng.setstate(state["rng"])
         if self._average is not None:  # a checkpoint from before `ema` was set starts its average here
             saved = state.get("average")
-            self._average = {k: v.clone() for k, v in saved.items()} if saved is not None else self._weights()
+            self._average = _copied(saved) if saved is not None else self._weights()
 
 
 def published_weights(state: Mapping[str, Any]) -> dict[str, Any]:
