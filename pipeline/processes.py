@@ -43,7 +43,7 @@ import trio
 from learner.losses import LOSSES
 from learner.stage import LearnerStage
 from learner.trainer import Trainer
-from stages.envs import ENVS
+from stages.envs import build_suite
 from stages.gate_stage import GateStage
 from stages.policy import POLICIES
 
@@ -304,7 +304,7 @@ class _WireReports:
 async def _serve_learner(cfg: RunConfig, t: TransportSection, run_dir: str, state: Mapping[str, Any], version: int,
                          capture_state: bool, parent: int) -> None:
     torch.set_num_threads(cfg.learner.torch_threads)
-    suite = ENVS.get(cfg.env.name)(max_steps=cfg.env.max_steps, **cfg.env.options)
+    suite = build_suite(cfg.env.name, cfg.env.options, max_steps=cfg.env.max_steps)  # as the run builds it
     no_warm = msgspec.structs.replace(cfg.pretrain, enabled=False)
     one = msgspec.structs.replace(cfg.policy, workers=1)  # only its trainable model is used here
     model = POLICIES.get(cfg.policy.backend)(one, no_warm, suite, seed=cfg.run.seed).trainable()

@@ -56,7 +56,9 @@ def _wait_for(condition, proc: subprocess.Popen, seconds: float) -> None:
 
 @pytest.mark.slow
 def test_a_run_with_stages_in_processes_reaches_its_updates_and_leaves_no_process(tmp_path):
-    proc, run_dir = _start(tmp_path, "procs", "run.updates=3", "run.max_wall_s=200")
+    # env options reach the learner's own copy of the suite (a keyword table once failed there)
+    proc, run_dir = _start(tmp_path, "procs", "run.updates=3", "run.max_wall_s=200",
+                           "env.options.recovery=mixed")
     seen: list[int] = []
     try:
         _wait_for(lambda: len(_stage_processes(proc.pid)) == 2, proc, 180)
