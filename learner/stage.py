@@ -4,7 +4,8 @@ Message-driven both ways. In: `GroupResult`s from the results socket (a receiver
 bounded channel, dropping what the runtime did not announce and malformed groups). Out: a `LearnerReport`
 per update (the new weights, the update's statistics and, for checkpoints, the trainer's state at the
 update boundary) and a `GroupsConsumed` per group dropped without training (cut groups are refused and
-counted: they must never get here; zero-variance groups are dropped by default), sent to `reports` — a
+counted: they must never get here; zero-variance groups are dropped by default; both are refused as they
+arrive, while an update runs, so the runtime's staleness pacing can start other groups at once), sent to `reports` — a
 bounded Trio channel that one runtime task consumes, or a socket when the learner runs in its own process
 (`pipeline.processes`). The learner never calls into the runtime.
 
@@ -91,6 +92,9 @@ class LearnerStage:
                     results.drop(reason, f"group {message.group_id}")
                     continue
                 self._expected.discard(message.group_id)
+                if (dropped := self._refusal(message)) is not None:
+                    await self.reports.send(dropped)  # now, not after the update in progress: frees its pacing room
+                    continue
                 await send.send(message)
 
     def _refusal(self, group: GroupResult) -> GroupsConsumed | None:
@@ -105,9 +109,6 @@ class LearnerStage:
         batch: list[GroupResult] = []
         async with receive:
             async for group in receive:
-                if (dropped := self._refusal(group)) is not None:
-                    await self.reports.send(dropped)
-                    continue
                 batch.append(group)
                 if len(batch) < self.cfg.batch_groups:
                     continue

@@ -1,6 +1,7 @@
 """The learner stage is message-driven: groups in over its socket, reports out over a channel; it never
 calls into the runtime, and it accepts only announced groups."""
 
+import threading
 from pathlib import Path
 
 import trio
@@ -51,3 +52,42 @@ async def test_reports_an_update_per_batch_and_a_drop_per_zero_variance_group():
     assert dropped == GroupsConsumed(zero_variance=True)
     assert isinstance(report, LearnerReport) and report.version == 4 and report.groups_trained == 2
     assert report.weights == {"w": 4} and report.trainer_state == {"batches": 1} and trainer.batches == [[0, 2]]
+
+
+class _BlockedTrainer(_Trainer):
+    """An update that runs until the test releases it (the update's worker thread waits on an event)."""
+
+    def __init__(self):
+        super().__init__()
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def update(self, groups, *, version=0):
+        self.started.set()
+        self.release.wait()
+        return super().update(groups, version=version)
+
+
+async def test_a_zero_variance_group_is_dropped_while_an_update_runs_not_after_it():
+    """The runtime's staleness pacing counts a group as outstanding until the learner consumes it: a drop
+    that waited for a 25-s update kept slots idle (half of the learn preset's groups are zero-variance)."""
+    reports, received = trio.open_memory_channel(10)
+    trainer = _BlockedTrainer()
+    stage = LearnerStage(trainer, LearnerSection(batch_groups=1), reports=reports, announced_on_socket=True)
+    t = TransportSection(results="inproc://learner-test-busy")
+    async with open_context() as zmq, trio.open_nursery() as nursery:
+        await nursery.start(stage.run, StageContext(zmq=zmq, addresses=t, run_dir=Path("."), profiler=Profiler(enabled=False)))
+        push = zmq.socket("push", t.results, bind=False)
+        async with push:
+            for gid, rewards in ((0, [1.0, 0.0]), (1, [0.0, 0.0])):
+                await push.send(GroupExpected(group_id=gid))
+                await push.send(_group(gid, rewards))
+            await trio.to_thread.run_sync(trainer.started.wait)
+            try:
+                with trio.fail_after(30):  # a hang guard only: the drop arrives while the update is still blocked
+                    dropped = await received.receive()
+            finally:
+                trainer.release.set()  # the update's thread cannot be cancelled: let it end either way
+            report = await received.receive()
+        nursery.cancel_scope.cancel()
+    assert dropped == GroupsConsumed(zero_variance=True)
+    assert isinstance(report, LearnerReport) and trainer.batches == [[0]]
