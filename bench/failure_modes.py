@@ -8,7 +8,8 @@ with the first `--tasks` tasks of each held-out split:
 
 1. for the warm start and each WEIGHTS file (a run's `checkpoints/policy.pt`): episodes played greedily
    (`--sample`: at the policy's temperature / top-p), won, and each lost episode's kind: whether it ever
-   saw or took a goal object, and whether it took an object of another kind ("took wrong"); the mean
+   saw or took a goal object, and whether it took an object of another kind ("took wrong"); a loss after
+   taking a goal object also says the first step of the goal it then missed (`after_take`); the mean
    number of distinct receptacles a lost episode went to (a looping agent goes back and forth between
    two or three);
 2. the two decisions behind most losses, probed at the first `--probe-states` states of each kind of the
@@ -38,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.job import build_policy, build_suite, load  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
+from stages.envs.household.engine import REQUIRED_STATE  # noqa: E402
 from stages.envs.household.expert import search_order  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
 from stages.policy.torch_tiny import TinyLM  # noqa: E402
@@ -57,6 +59,28 @@ def _kind(name: str) -> str:
     return name.split(" ", 1)[0]
 
 
+_TRANSFORM_VERB = {"pick_clean_then_place": ("clean", "cleaned"), "pick_heat_then_place": ("heat", "heated"),
+                   "pick_cool_then_place": ("cool", "cooled")}
+assert set(_TRANSFORM_VERB) == set(REQUIRED_STATE)
+
+
+def after_take(spec, actions: Sequence[str]) -> str:
+    """The first step of the goal missing from `actions`, the commands after the episode first took a goal
+    object: its transform (clean / heat / cool), the lamp, going to the target receptacle, putting it there;
+    "put it, still lost" when none is missing (a second object of pick_two, or an order that did not count)."""
+    verb, done = _TRANSFORM_VERB.get(spec.family, (None, None))
+    if verb is not None and not any(a.startswith(verb + " ") for a in actions):
+        return f"never {done} it"
+    if spec.target < 0:
+        return "never used the lamp" if not any(a.startswith("use ") for a in actions) else "used the lamp, still lost"
+    target = spec.layout.names[spec.target]
+    if f"go to {target}" not in actions:
+        return "never took it to the target"
+    if not any(a.startswith("put ") for a in actions):
+        return "at the target, never put it"
+    return "put it, still lost"
+
+
 def classify(suite, episodes: Sequence[Episode]) -> tuple[int, Counter, list[int]]:
     """(episodes won, Counter of failure kinds, distinct receptacles gone to per lost episode)."""
     kinds: Counter = Counter()
@@ -67,9 +91,12 @@ def classify(suite, episodes: Sequence[Episode]) -> tuple[int, Counter, list[int
         env = suite.make()
         env.reset(episode.task)
         took_goal = took_wrong = False
+        first_goal_take = -1
         targets: set[str] = set()
-        for action in episode.actions:
+        for step, action in enumerate(episode.actions):
             if action.startswith("take "):
+                if _kind(action[5:]) == spec.goal_kind and not took_goal:
+                    first_goal_take = step
                 took_goal |= _kind(action[5:]) == spec.goal_kind
                 took_wrong |= _kind(action[5:]) != spec.goal_kind
             if action.startswith("go to "):
@@ -84,7 +111,8 @@ def classify(suite, episodes: Sequence[Episode]) -> tuple[int, Counter, list[int
             world.looked[rec] and any(_kind(world.names[obj]) == spec.goal_kind for obj in world.contents[rec])
             for rec in search_order(spec)
         )
-        kind = "took a goal object" if took_goal else "saw a goal object, never took it" if saw_goal else "never saw a goal object"
+        kind = (f"took a goal object ({after_take(spec, episode.actions[first_goal_take + 1 :])})" if took_goal
+                else "saw a goal object, never took it" if saw_goal else "never saw a goal object")
         kinds[kind + (", took a wrong one" if took_wrong else "")] += 1
         distinct.append(len(targets))
     return won, kinds, distinct

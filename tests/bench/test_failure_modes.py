@@ -61,3 +61,27 @@ def test_the_probes_find_the_take_wrong_and_the_go_back_states():
     assert [fmt.tokenizer.decode(state.choices[i][:-1]) for i in state.bad] == [f"take {wrong} from {place}"]
     assert len(go_back) == 1  # at `empty`, going back to `place` was on offer (and taken)
     assert [fmt.tokenizer.decode(go_back[0].choices[i][:-1]) for i in go_back[0].bad] == [f"go to {place}"]
+
+
+def _expert_after_take(suite, family):
+    """A train task of `family`, its spec, and its expert's commands after the first take of a goal object."""
+    for task in suite.tasks("train"):
+        spec = suite.spec(task)
+        if spec.family == family:
+            actions = list(suite.expert(task))
+            first = next(i for i, a in enumerate(actions) if a.startswith(f"take {spec.goal_kind} "))
+            return spec, actions[first + 1 :]
+    raise AssertionError(f"no {family} task in the train split")
+
+
+def test_a_loss_after_taking_the_goal_object_names_the_first_goal_step_it_missed():
+    bench, suite = _bench(), HouseholdSuite()
+    spec, after = _expert_after_take(suite, "pick_clean_then_place")
+    assert bench.after_take(spec, after) == "put it, still lost"  # every step done: nothing missing
+    assert bench.after_take(spec, [a for a in after if not a.startswith("clean ")]) == "never cleaned it"
+    spec, after = _expert_after_take(suite, "pick_and_place")
+    put = next(i for i, a in enumerate(after) if a.startswith("put "))
+    assert bench.after_take(spec, after[:put]) == "at the target, never put it"
+    assert bench.after_take(spec, []) == "never took it to the target"
+    spec, after = _expert_after_take(suite, "look_at_obj_in_light")
+    assert bench.after_take(spec, [a for a in after if not a.startswith("use ")]) == "never used the lamp"
