@@ -66,8 +66,9 @@ assert set(_TRANSFORM_VERB) == set(REQUIRED_STATE)
 
 def after_take(spec, actions: Sequence[str]) -> str:
     """The first step of the goal missing from `actions`, the commands after the episode first took a goal
-    object: its transform (clean / heat / cool), the lamp, going to the target receptacle, putting it there;
-    "put it, still lost" when none is missing (a second object of pick_two, or an order that did not count)."""
+    object: its transform (clean / heat / cool), the lamp, going to the target receptacle, putting it there
+    (and, for pick_two, the second one); "put it there, still lost" when none is missing (e.g. put there
+    before the transform, which does not count)."""
     verb, done = _TRANSFORM_VERB.get(spec.family, (None, None))
     if verb is not None and not any(a.startswith(verb + " ") for a in actions):
         return f"never {done} it"
@@ -76,9 +77,12 @@ def after_take(spec, actions: Sequence[str]) -> str:
     target = spec.layout.names[spec.target]
     if f"go to {target}" not in actions:
         return "never took it to the target"
-    if not any(a.startswith("put ") for a in actions):
-        return "at the target, never put it"
-    return "put it, still lost"
+    there = [a for a in actions if a.startswith("put ") and a.endswith(" " + target)]
+    if not there:
+        return "put it elsewhere" if any(a.startswith("put ") for a in actions) else "at the target, never put it"
+    if len(there) < spec.goal_count:
+        return "put one of two there"
+    return "put it there, still lost"
 
 
 def classify(suite, episodes: Sequence[Episode]) -> tuple[int, Counter, list[int]]:

@@ -77,11 +77,16 @@ def _expert_after_take(suite, family):
 def test_a_loss_after_taking_the_goal_object_names_the_first_goal_step_it_missed():
     bench, suite = _bench(), HouseholdSuite()
     spec, after = _expert_after_take(suite, "pick_clean_then_place")
-    assert bench.after_take(spec, after) == "put it, still lost"  # every step done: nothing missing
+    assert bench.after_take(spec, after) == "put it there, still lost"  # every step done: nothing missing
     assert bench.after_take(spec, [a for a in after if not a.startswith("clean ")]) == "never cleaned it"
     spec, after = _expert_after_take(suite, "pick_and_place")
     put = next(i for i, a in enumerate(after) if a.startswith("put "))
     assert bench.after_take(spec, after[:put]) == "at the target, never put it"
     assert bench.after_take(spec, []) == "never took it to the target"
+    elsewhere = after[put].rsplit(" ", 2)[0] + " " + next(n for n in spec.layout.names if n != spec.layout.names[spec.target])
+    assert bench.after_take(spec, [*after[:put], elsewhere]) == "put it elsewhere"
+    spec, after = _expert_after_take(suite, "pick_two_obj_and_place")
+    last_put = max(i for i, a in enumerate(after) if a.startswith("put "))
+    assert bench.after_take(spec, after[:last_put]) == "put one of two there"
     spec, after = _expert_after_take(suite, "look_at_obj_in_light")
     assert bench.after_take(spec, [a for a in after if not a.startswith("use ")]) == "never used the lamp"
