@@ -59,19 +59,14 @@ def _kind(name: str) -> str:
     return name.split(" ", 1)[0]
 
 
-_TRANSFORM_VERB = {"pick_clean_then_place": ("clean", "cleaned"), "pick_heat_then_place": ("heat", "heated"),
-                   "pick_cool_then_place": ("cool", "cooled")}
-assert set(_TRANSFORM_VERB) == set(REQUIRED_STATE)
-
-
 def after_take(spec, actions: Sequence[str]) -> str:
     """The first step of the goal missing from `actions`, the commands after the episode first took a goal
     object: its transform (clean / heat / cool), the lamp, going to the target receptacle, putting it there
     (and, for pick_two, the second one); "put it there, still lost" when none is missing (e.g. put there
     before the transform, which does not count)."""
-    verb, done = _TRANSFORM_VERB.get(spec.family, (None, None))
+    verb = spec.family.split("_")[1] if spec.family in REQUIRED_STATE else None  # pick_clean_then_place: clean
     if verb is not None and not any(a.startswith(verb + " ") for a in actions):
-        return f"never {done} it"
+        return f"never {verb}ed it"
     if spec.target < 0:
         return "never used the lamp" if not any(a.startswith("use ") for a in actions) else "used the lamp, still lost"
     target = spec.layout.names[spec.target]
@@ -99,10 +94,11 @@ def classify(suite, episodes: Sequence[Episode]) -> tuple[int, Counter, list[int
         targets: set[str] = set()
         for step, action in enumerate(episode.actions):
             if action.startswith("take "):
-                if _kind(action[5:]) == spec.goal_kind and not took_goal:
+                goal = _kind(action[5:]) == spec.goal_kind
+                if goal and not took_goal:
                     first_goal_take = step
-                took_goal |= _kind(action[5:]) == spec.goal_kind
-                took_wrong |= _kind(action[5:]) != spec.goal_kind
+                took_goal |= goal
+                took_wrong |= not goal
             if action.startswith("go to "):
                 targets.add(action[6:])
             if env.step(action).done:
