@@ -18,6 +18,9 @@ from .histogram import LogHistogram
 from .messages import GroupResult
 from .outcomes import FIRST_STAGE_KINDS, is_zero_variance, label_rewards
 
+GROUP_KINDS = ("all_fail", "mixed", "all_succeed")
+"""What a complete group's outcomes can be (binary rewards): none, some or all of its rollouts won."""
+
 
 @dataclass(frozen=True)
 class GroupsConsumed:
@@ -80,6 +83,11 @@ class PhaseCounters:
     """GRPO wall time of the run's earlier segments (before a resume)."""
     resumed_dropped_frames: dict[str, dict[str, int]] = field(default_factory=dict)
     """Frames dropped in the run's earlier segments, by socket and reason."""
+    family_of: Mapping[str, str] = field(default_factory=dict)
+    """Task id -> task family of the tasks groups may run (empty: `kinds_by_family` stays empty)."""
+    kinds_by_family: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Complete groups per task family and kind ({family: {all_fail, mixed, all_succeed: count}}): which
+    families can teach (mixed) and which the policy never or always wins."""
     window_rollouts: int = 0
     window_successes: int = 0
     window_steps_at: int = 0
@@ -99,6 +107,10 @@ class PhaseCounters:
         wins = sum(tr.success for tr in result.trajectories)
         self.all_fail_complete += wins == 0
         self.all_succeed_complete += wins == len(rewards)
+        family = self.family_of.get(result.task_id)
+        if family is not None:
+            kind = "all_fail" if wins == 0 else "all_succeed" if wins == len(rewards) else "mixed"
+            self.kinds_by_family.setdefault(family, dict.fromkeys(GROUP_KINDS, 0))[kind] += 1
         self.rollouts_finished += len(rewards)
         self.successes += wins
         self.window_rollouts += len(rewards)

@@ -149,7 +149,7 @@ def _build(
     profiler: Profiler, metrics: MetricsWriter, progress: Progress | None, checkpointer: resume.Checkpointer | None,
     restore: Mapping[str, Any] | None, evaluate: Evaluate | None, dropped_frames: Any,
 ) -> _Wiring:
-    counters, slots = PhaseCounters(), SlotPool(cfg.rollout.slots)
+    counters, slots = PhaseCounters(family_of={t.task_id: t.family for t in tasks.values()}), SlotPool(cfg.rollout.slots)
     pacer = StalenessPacer(cfg.learner.batch_groups, cfg.learner.max_staleness)
     stages = processes.Stages(cfg, trainer, capture_state=checkpointer is not None)
     events, events_in = trio.open_memory_channel[AnyMessage](1024)

@@ -37,7 +37,7 @@ from .config import RunConfig, dump_toml, load_config
 from .curves import curve_points, write_learning_curve
 from .failure import failure_message, save_on_failure
 from .grpo import GrpoOutcome, run_grpo
-from .job_summary import family_table, fmt_eval, mean_success, reports_from_json, reports_to_json, summary
+from .job_summary import family_table, fmt_eval, group_kinds_table, mean_success, reports_from_json, reports_to_json, summary
 from .memory import tune_malloc
 from .plugins import option_problems
 from .profiling import Profiler
@@ -324,7 +324,11 @@ async def _finish(
                          {s: r.success for s, r in after.items()}, final_wall_s=outcome.wall_s, final_env_steps=outcome.env_steps),
             title=f"{cfg.run.name}: held-out success (seed {cfg.run.seed})",
         )
-    write_summary(run_dir, figures, {"Per-stage profile": report.table_markdown(), "Held-out success by family": family_table(before, after)})
+    write_summary(run_dir, figures, {
+        "Per-stage profile": report.table_markdown(),
+        "Held-out success by family": family_table(before, after),
+        "Training groups by family": group_kinds_table(outcome.tally.kinds_by_family),
+    })
     log.info("job.finished", **{k: v for k, v in figures.items() if not isinstance(v, dict | list)})
     if interrupted:
         raise RunInterrupted(run_dir, version)

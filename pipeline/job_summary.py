@@ -6,6 +6,7 @@ evaluation reports and turns them into the flat record that `write_summary` and 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from gates import build_gate
@@ -25,6 +26,14 @@ def family_table(before: dict[str, EvalReport], after: dict[str, EvalReport]) ->
     for split, report in before.items():
         for family, value in sorted(report.per_family.items()):
             lines.append(f"| {split} | {family} | {value:.1%} | {after[split].per_family.get(family, float('nan')) if split in after else float('nan'):.1%} |")
+    return "\n".join(lines)
+
+
+def group_kinds_table(by_family: Mapping[str, Mapping[str, int]]) -> str:
+    """Complete training groups per task family: all-fail / mixed / all-succeed (only mixed ones teach)."""
+    lines = ["| family | all-fail | mixed | all-succeed |", "|---|---|---|---|"]
+    for family, kinds in sorted(by_family.items()):
+        lines.append(f"| {family} | {kinds['all_fail']} | {kinds['mixed']} | {kinds['all_succeed']} |")
     return "\n".join(lines)
 
 
@@ -104,6 +113,7 @@ def _group_figures(cfg: RunConfig, outcome: GrpoOutcome, gate_stats: dict[str, A
         "groups_all_fail": tally.all_fail_complete,
         "groups_mixed": tally.groups_complete - tally.all_fail_complete - tally.all_succeed_complete,
         "groups_all_succeed": tally.all_succeed_complete,
+        "groups_by_family": {family: dict(kinds) for family, kinds in sorted(tally.kinds_by_family.items())},
     }
 
 

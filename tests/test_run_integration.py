@@ -75,6 +75,9 @@ async def test_pipeline_cuts_backfills_and_trains_on_a_tiny_budget(tmp_path):
     tally = outcome.tally
     assert summary["groups_all_fail"] + summary["groups_mixed"] + summary["groups_all_succeed"] == tally.groups_complete
     assert summary["groups_all_fail"] + summary["groups_all_succeed"] == tally.zero_variance_complete  # 0/1 rewards
+    by_family = summary["groups_by_family"]  # every train task has a family: the breakdown adds up
+    assert sum(sum(kinds.values()) for kinds in by_family.values()) == tally.groups_complete
+    assert "## Training groups by family" in (run_dir / "summary.md").read_text()
 
     # The job closed its events.jsonl: events logged after it must not go to the closed file.
     events_size = (run_dir / "events.jsonl").stat().st_size
