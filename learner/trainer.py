@@ -11,7 +11,10 @@ One update trains on a batch of B training groups:
    one step), each one optimizer step; the registered loss gives per-token terms and the registered
    aggregation their weights over the mini-batch, accumulated exactly across micro-batches. The shuffle
    keeps turns that share a prompt (rollouts of a group that acted alike so far) next to each other, so
-   they share a micro-batch and a model that encodes a repeated prompt once (`torch_tiny`) does so;
+   they share a micro-batch and a model that encodes a repeated prompt once (`torch_tiny`) does so.
+   With `skip_confident` > 0 the turns whose action had at least that probability under the behaviour
+   policy are left out of the passes (their gradient scales with 1 - p), the others keeping the weights
+   the whole mini-batch gave them;
 5. an epoch whose approximate KL to the behaviour policy exceeds `max_kl` ends the update early;
 6. the optimizer's lr for the update is `lr` x the schedule's factor at version / `run.updates`
    (`learner/schedules.py`; constant by default);
@@ -20,13 +23,14 @@ One update trains on a batch of B training groups:
 
 Per-update figures (metrics.jsonl): lr, items, tokens, ratio mean, clip fraction, approx KL to behaviour,
 entropy of the sampling distribution, fraction of actions that were not admissible commands, staleness
-lag max / mean, items dropped as stale, epochs run, train success of the batch, and the share of items
+lag max / mean, items dropped as stale, the share of items skipped as confident, epochs run, train success of the batch, and the share of items
 whose prompt is distinct (`learner/distinct_prompt_fraction`: what a repeated-prompt saving can save).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -170,6 +174,7 @@ class _Sums:
     def __init__(self) -> None:
         self.tokens = 0.0
         self.steps = 0
+        self.items = self.skipped = 0
         self.ratio = self.clipped = self.kl = self.entropy = self.loss = 0.0
 
     def add(self, log_ratio: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor, clip_eps: float) -> None:
@@ -276,6 +281,7 @@ class Trainer:
                 "learner/approx_kl": kl,
                 "learner/entropy": sums.mean(sums.entropy),
                 "learner/tokens": sums.tokens,
+                "learner/skipped_confident": sums.skipped / max(sums.items + sums.skipped, 1),
             }
             if self.cfg.max_kl and kl > self.cfg.max_kl:
                 break
@@ -290,6 +296,11 @@ class Trainer:
         lengths = torch.tensor([len(it.token_ids) for it in batch], dtype=torch.float64)  # [n]
         trajectories = torch.tensor([it.trajectory for it in batch])  # [n]
         weights = self.aggregation(lengths, trajectories, constant=self.cfg.norm_tokens).float()  # [n]
+        if self.cfg.skip_confident:  # weights stay those of the whole mini-batch; only the passes shrink
+            kept = [i for i, it in enumerate(batch) if sum(it.old_logprobs) < math.log(self.cfg.skip_confident)]
+            sums.skipped += len(batch) - len(kept)
+            batch, weights = [batch[i] for i in kept], weights[kept]  # [k]
+        sums.items += len(batch)
         step_loss = 0.0
         for lo in range(0, len(batch), self.cfg.micro_batch):
             chunk = batch[lo : lo + self.cfg.micro_batch]

@@ -278,10 +278,16 @@ class LearnerSection(_Section):
     """Publish an exponential moving average of the learner's weights instead of its latest iterate: after
     each update, published = ema x published + (1 - ema) x learner weights (0 = off). Rollouts, held-out
     measures and checkpoints all see the published weights; the learner's clipped ratio is against them."""
+    skip_confident: float = 0.0
+    """Leave out of the forward / backward passes the turns whose action had at least this probability under
+    the behaviour policy (0 = train every turn). A sharp policy acts with p ~ 1 on most turns, and a turn's
+    gradient scales with 1 - p: skipping them keeps every mini-batch and its aggregation weights as they
+    were and saves their compute. Loss terms of the KL penalty (`kl_coef`) on those turns go too."""
     torch_threads: int = 1
 
     def problems(self) -> list[str]:
         return _failed(
+            (0 <= self.skip_confident < 1, "learner.skip_confident must be in [0, 1)"),
             (self.batch_groups >= 1, "learner.batch_groups must be >= 1"),
             (self.lr > 0, "learner.lr must be > 0"),
             (0 <= self.lr_floor <= 1, "learner.lr_floor must be in [0, 1]"),

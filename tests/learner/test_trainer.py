@@ -251,3 +251,57 @@ def test_a_resumed_trainer_keeps_the_warm_start_as_its_kl_reference():
     resumed = Trainer(resumed_model, cfg, clipped_ratio_loss)
     resumed.load_state_dict(saved)
     assert torch.equal(resumed.reference.state_dict()["table.weight"], warm_start["table.weight"])
+
+
+def _with_logprobs(group, logprob):
+    """`group` as if its policy had acted with per-token log-prob `logprob` (p = e^logprob)."""
+    trajectories = [
+        Trajectory(rollout_index=t.rollout_index, reward=t.reward, success=t.success, status=t.status,
+                   turns=[Turn(prompt_ids=u.prompt_ids, token_ids=u.token_ids, logprobs=[logprob] * len(u.token_ids),
+                               action=u.action, policy_version=u.policy_version) for u in t.turns])
+        for t in group.trajectories
+    ]
+    return GroupResult(group_id=group.group_id, task_id=group.task_id, trajectories=trajectories, cut=False)
+
+
+def _first_step(skip_confident: float):
+    model = BigramModel(seed=5)
+    cfg = LearnerSection(lr=1e-3, skip_confident=skip_confident, keep_zero_advantage_items=True, micro_batch=2)
+    trainer = Trainer(model, cfg, clipped_ratio_loss)
+    forwarded: list[list[int]] = []
+    score = model.completion_logprobs
+
+    def spy(prompts, completions, **kw):
+        forwarded.extend(completions)
+        return score(prompts, completions, **kw)
+
+    model.completion_logprobs = spy
+    # a mixed group the policy was unsure of, and an all-succeed group it acted in with p = 0.9995 per token:
+    # zero advantage, so it adds no gradient, but its trajectories count in the trajectory_mean weights
+    unsure = _group(model, 0, [1.0, 0.0, 0.0])
+    sure = _with_logprobs(_group(model, 1, [1.0, 1.0], completion=(9, 10)), -5e-4)
+    captured = {}
+    step = trainer.optimizer.step
+
+    def capture():
+        captured["grad"] = model.table.weight.grad.clone()
+        step()
+
+    trainer.optimizer.step = capture
+    forwarded.clear()  # what building the groups scored
+    _, stats = trainer.update([unsure, sure])
+    return captured["grad"], stats, forwarded
+
+
+def test_confident_turns_are_skipped_and_the_rest_keep_their_weights():
+    every, every_stats, every_forwarded = _first_step(0.0)
+    skipping, stats, forwarded = _first_step(0.99)
+    assert [9, 10] in every_forwarded and [9, 10] not in forwarded  # never scored when skipped
+    assert every_stats["learner/skipped_confident"] == 0.0
+    assert stats["learner/skipped_confident"] == pytest.approx(2 / 5)
+    torch.testing.assert_close(skipping, every, rtol=1e-5, atol=1e-8)  # the unsure group's weights are unchanged
+    assert float(skipping.abs().sum()) > 0
+
+
+def test_skip_confident_must_be_a_probability_below_one():
+    assert "learner.skip_confident must be in [0, 1)" in LearnerSection(skip_confident=1.0).problems()
