@@ -1,0 +1,42 @@
+"""bench/bench_skip_confident.py records turns as the rollout stage does: the learner, scoring them with the
+same weights, finds the behaviour log-probs it recorded (ratio 1, no KL)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import msgspec
+import pytest
+import torch
+
+from learner.losses import clipped_ratio_loss
+from learner.trainer import Trainer
+from pipeline.job import build_policy, build_suite, load
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_skip_confident", ROOT / "bench" / "bench_skip_confident.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_played_turns_carry_the_log_probs_the_learner_computes(tmp_path):
+    cfg = load(str(ROOT / "configs" / "learn.toml"), ["pretrain.enabled=false", f'policy.cache_dir="{tmp_path}"'])
+    suite = build_suite(cfg)
+    policy = build_policy(cfg, suite)
+    groups = _bench().play_groups(policy, suite, list(suite.tasks("train"))[:1], seed=0)
+    assert len(groups) == 1 and all(len(g.trajectories) == 8 for g in groups)
+    turns = [u for g in groups for t in g.trajectories for u in t.turns]
+    assert turns and all(u.choices and u.token_ids in u.choices for u in turns)  # whole admissible commands
+    learner = msgspec.structs.replace(cfg.learner, keep_zero_advantage_items=True, minibatch_items=0)
+    trainer = Trainer(policy.model.requires_grad_(True), learner, clipped_ratio_loss,
+                      temperature=policy.sampling.temperature, top_p=policy.sampling.top_p)
+    torch.set_num_threads(1)
+    _, stats = trainer.update(groups)
+    assert stats["learner/items"] == len(turns)
+    assert stats["learner/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert stats["learner/approx_kl"] == pytest.approx(0.0, abs=1e-5)
