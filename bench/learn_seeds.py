@@ -25,22 +25,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.ab._stats import paired_difference  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
+from pipeline.rundir import free_run_name  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_seeds(config: Path | None, seeds: list[int], overrides: list[str]) -> list[Path]:
     """Run the preset (None: the built-in defaults) once per seed; returns the run folders in seed order."""
-    name = load_config(config, overrides).run.name
+    run = load_config(config, overrides).run
+    out = Path(run.out) if Path(run.out).is_absolute() else ROOT / run.out
     preset = ["--config", str(config)] if config is not None else []
     folders = []
     for seed in seeds:
-        folder = f"{name}-s{seed}"
+        folder = free_run_name(out, f"{run.name}-s{seed}")  # the folder run.py will use, not an older run's
         sets = [*overrides, f"run.seed={seed}", f'run.name="{folder}"']
         command = [sys.executable, str(ROOT / "run.py"), *preset, *(a for s in sets for a in ("--set", s))]
         print(f"seed {seed}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
         subprocess.run(command, cwd=ROOT, check=True)
-        folders.append(ROOT / "runs" / folder)
+        folders.append(out / folder)
     return folders
 
 

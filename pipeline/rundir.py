@@ -24,15 +24,19 @@ import structlog
 from .config import RunConfig, dump_toml
 
 
+def free_run_name(out: str | Path, name: str) -> str:
+    """`name`, or `name-2`, `-3`... whichever is not yet a folder under `out`."""
+    candidate, n = name, 2
+    while (Path(out) / candidate).exists():
+        candidate, n = f"{name}-{n}", n + 1
+    return candidate
+
+
 def create_run_dir(cfg: RunConfig) -> Path:
     """`out/name`, or `out/name-2`, `-3`... if taken: a run never overwrites another."""
     base = Path(cfg.run.out)
     base.mkdir(parents=True, exist_ok=True)
-    path = base / cfg.run.name
-    n = 2
-    while path.exists():
-        path = base / f"{cfg.run.name}-{n}"
-        n += 1
+    path = base / free_run_name(base, cfg.run.name)
     path.mkdir()
     (path / "checkpoints").mkdir()
     (path / "config.toml").write_text(dump_toml(cfg))
