@@ -37,7 +37,15 @@ from .config import RunConfig, dump_toml, load_config
 from .curves import curve_points, write_learning_curve
 from .failure import failure_message, save_on_failure
 from .grpo import GrpoOutcome, run_grpo
-from .job_summary import family_table, fmt_eval, group_kinds_table, mean_success, reports_from_json, reports_to_json, summary
+from .job_summary import (
+    family_table,
+    fmt_eval,
+    group_kinds_table,
+    mean_success,
+    reports_from_json,
+    reports_to_json,
+    summary,
+)
 from .memory import tune_malloc
 from .plugins import option_problems
 from .profiling import Profiler

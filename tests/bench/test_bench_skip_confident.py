@@ -3,9 +3,6 @@ same weights, finds the behaviour log-probs it recorded (ratio 1, no KL)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import msgspec
 import pytest
 import torch
@@ -14,14 +11,11 @@ from learner.losses import clipped_ratio_loss
 from learner.trainer import Trainer
 from pipeline.job import build_policy, build_suite, load
 
-ROOT = Path(__file__).resolve().parents[2]
+from . import ROOT, bench_module
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_skip_confident", ROOT / "bench" / "bench_skip_confident.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("bench_skip_confident")
 
 
 def test_the_played_turns_carry_the_log_probs_the_learner_computes(tmp_path):

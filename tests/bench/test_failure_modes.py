@@ -3,25 +3,17 @@ saw; the probes find the states where only wrong objects are in reach and where 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 from stages.envs.household import HouseholdSuite
 from stages.envs.household.catalog import RECEPTACLE_KINDS
 from stages.envs.household.expert import search_order
 from stages.policy.torch_tiny import PromptFormat, WordTokenizer
 from stages.policy.torch_tiny._pretrain import Episode
 
-ROOT = Path(__file__).resolve().parents[2]
+from . import bench_module
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("failure_modes", ROOT / "bench" / "failure_modes.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["failure_modes"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("failure_modes")
 
 
 def _task_with_only_wrong_objects_in_view(suite):

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 from stages.envs.household import HouseholdSuite
 from stages.policy.torch_tiny import PromptFormat, WordTokenizer
 from stages.policy.torch_tiny._pretrain import collect_demos
 
-ROOT = Path(__file__).resolve().parents[2]
+from . import bench_module
 
 
 def _headroom():
-    spec = importlib.util.spec_from_file_location("headroom", ROOT / "bench" / "headroom.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("headroom")
 
 
 def test_replaying_the_experts_actions_rebuilds_its_demonstrations():

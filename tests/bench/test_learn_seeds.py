@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from . import bench_module
 
 
 @pytest.fixture(scope="module")
 def learn_seeds():
-    spec = importlib.util.spec_from_file_location("learn_seeds", ROOT / "bench" / "learn_seeds.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("learn_seeds")
 
 
 def _run_folder(tmp_path: Path, seed: int, before: tuple[float, float], after: tuple[float, float]) -> Path:
