@@ -190,11 +190,14 @@ async def test_the_learn_preset_runs_and_acts_only_admissible_commands(tmp_path)
     assert cfg.env.options["recovery"] == "mixed"  # the searching warm start's labels, built here in one epoch
     assert cfg.learner.ema > 0 and not cfg.gate.enabled  # a moving average is published; every group trains
     assert cfg.learner.lr_schedule == "linear" and cfg.run.updates >= 2  # the lr decays over the run's updates
+    assert cfg.learner.step_weight > 0 and cfg.learner.skip_confident > 0 and cfg.policy.workers == 2  # GiGPO, sure turns skipped
     result = await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
     assert result.summary["learner_updates"] == cfg.run.updates
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     updates = [r for r in rows if "learner/invalid_action_fraction" in r]
     assert updates and all(r["learner/invalid_action_fraction"] == 0.0 for r in updates)
+    assert all("learner/step_signal_fraction" in r for r in updates)
+    assert all(0.0 <= r["learner/skipped_confident"] <= 1.0 for r in updates if r["learner/items"] > 0)
     lrs = [r["learner/lr"] for r in updates]
     assert lrs[0] == cfg.learner.lr and all(a > b for a, b in zip(lrs, lrs[1:], strict=False))
     assert any(r.get("heldout/mean") is not None for r in rows)  # the periodic learning curve
