@@ -148,6 +148,11 @@ def _one_step_grads(micro_batch: int, aggregation: str):
         _group(model, 0, [1.0, 0.0, 0.0], completion=(3, 4, 5, 6, 7)),
         _group(model, 1, [0.0, 1.0, 1.0], completion=(8,)),
     ]
+    return _first_step_grad(trainer, model, batch)
+
+
+def _first_step_grad(trainer, model, batch):
+    """The gradient the update's (only) optimizer step applies, and the update's stats."""
     captured = {}
     original = trainer.optimizer.step
 
@@ -280,17 +285,9 @@ def _first_step(skip_confident: float):
     # zero advantage, so it adds no gradient, but its trajectories count in the trajectory_mean weights
     unsure = _group(model, 0, [1.0, 0.0, 0.0])
     sure = _with_logprobs(_group(model, 1, [1.0, 1.0], completion=(9, 10)), -5e-4)
-    captured = {}
-    step = trainer.optimizer.step
-
-    def capture():
-        captured["grad"] = model.table.weight.grad.clone()
-        step()
-
-    trainer.optimizer.step = capture
     forwarded.clear()  # what building the groups scored
-    _, stats = trainer.update([unsure, sure])
-    return captured["grad"], stats, forwarded
+    grad, stats = _first_step_grad(trainer, model, [unsure, sure])
+    return grad, stats, forwarded
 
 
 def test_confident_turns_are_skipped_and_the_rest_keep_their_weights():
