@@ -99,7 +99,7 @@ def main(args: argparse.Namespace) -> None:
     cfg = load(args.config, args.set)
     Progress(0).activate()
     suite = build_suite(cfg)
-    policy = build_policy(cfg, suite)
+    policy = build_policy(cfg, suite, workers=1)  # scored in this process, whatever policy.workers says
     if not (policy.sampling.choose_admissible and policy.model.choose_by == "command"):
         sys.exit("bench_repeated_prompts: needs policy.options choose_admissible = true and choose_by = \"command\"")
     torch.set_num_threads(1)

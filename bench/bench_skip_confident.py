@@ -93,7 +93,7 @@ def main(args: argparse.Namespace) -> None:
     cfg = load(args.config, args.set)
     Progress(0).activate()
     suite = build_suite(cfg)
-    policy = build_policy(cfg, suite)
+    policy = build_policy(cfg, suite, workers=1)  # scored in this process, whatever policy.workers says
     torch.set_num_threads(1)
     tasks = list(suite.tasks("train"))[-args.groups :]
     played = play_groups(policy, suite, tasks, cfg.run.seed)

@@ -37,7 +37,7 @@ def main(args: argparse.Namespace) -> None:
     suite = build_suite(cfg)
     started = time.perf_counter()
     with capture_logs() as logs:
-        policy = build_policy(cfg, suite)
+        policy = build_policy(cfg, suite, workers=1)  # scored in this process, whatever policy.workers says
     built_s = time.perf_counter() - started
     cached = any(e["event"] == "policy.bc.cache_hit" for e in logs)
     opts = msgspec.structs.replace(

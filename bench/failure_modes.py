@@ -172,7 +172,7 @@ def main(args: argparse.Namespace) -> None:
     cfg = load(args.config, args.set)
     Progress(0).activate()
     suite = build_suite(cfg)
-    policy = build_policy(cfg, suite)
+    policy = build_policy(cfg, suite, workers=1)  # scored in this process, whatever policy.workers says
     torch.set_num_threads(args.threads)
     tasks = [*suite.tasks("heldout_seen")[: args.tasks], *suite.tasks("heldout_unseen")[: args.tasks]]
     models = {"warm start": policy.model}

@@ -62,7 +62,7 @@ def main(args: argparse.Namespace) -> None:
     Progress(0).activate()
     torch.set_num_threads(args.threads)
     suite = build_suite(cfg)
-    policy = build_policy(cfg, suite)
+    policy = build_policy(cfg, suite, workers=1)  # scored in this process, whatever policy.workers says
     model, fmt, sampling = policy.model, policy.prompt, policy.sampling
 
     def held_out(n: int) -> list[Task]:

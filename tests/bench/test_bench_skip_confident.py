@@ -21,7 +21,7 @@ def _bench():
 def test_the_played_turns_carry_the_log_probs_the_learner_computes(tmp_path):
     cfg = load(str(ROOT / "configs" / "learn.toml"), ["pretrain.enabled=false", f'policy.cache_dir="{tmp_path}"'])
     suite = build_suite(cfg)
-    policy = build_policy(cfg, suite)
+    policy = build_policy(cfg, suite, workers=1)
     groups = _bench().play_groups(policy, suite, list(suite.tasks("train"))[:1], seed=0)
     assert len(groups) == 1 and all(len(g.trajectories) == 8 for g in groups)
     turns = [u for g in groups for t in g.trajectories for u in t.turns]
