@@ -88,8 +88,8 @@ class Profiler:
         self._rec = Recorder(clock, self._cpu_clock, max_spans_per_thread)
         self._rec.recording = self._recording = enabled
         self._local = self._rec._local
-        busy, wall, self._wait_span = span_classes(clock, self._cpu_clock)
-        self._span = busy if thread_cpu else wall
+        busy, self._wall_span, self._wait_span = span_classes(clock, self._cpu_clock)
+        self._span = busy if thread_cpu else self._wall_span
         self._max = max_spans_per_thread
         self._gpu_stages = set(gpu_stages) if gpu_stages is not None else set()
         self._cuda: bool | None = None
@@ -135,6 +135,13 @@ class Profiler:
             return self._span(spans, stage, name)
         self._local.buf.dropped += 1
         return NULL_SPAN
+
+    def remote_span(self, stage: str, name: str = "") -> WallSpan | NullSpan:
+        """Context manager marking `stage` busy while its work runs elsewhere (another process): the span
+        counts for the stage's busy % but takes none of the calling thread's CPU, which belongs to the stages
+        that thread runs. Pair it with `bind_process` for that work's CPU."""
+        spans = self._spans_list()
+        return NULL_SPAN if spans is None else self._wall_span(spans, stage, name)
 
     def wait(self, stage: str, name: str = "") -> WallSpan | NullSpan:
         """Context manager marking `stage` idle-waiting (e.g. on a channel); shown in the trace, not busy."""

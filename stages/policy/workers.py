@@ -13,6 +13,9 @@ the learner do not know whether decoding is local or not:
 * `load_weights()` serialises the state once and sends it to every worker (applied between batches; each
   reply carries the version that produced it).
 * `trainable()` is the local copy's (the learner trains in this process).
+* `attach_profiler()` gives the run's profile a `policy` row although decoding runs elsewhere: busy while
+  any request is in flight (a wall span in this process), the workers' CPU (each worker process bound to
+  the stage), replies per second and the round-trip latency of a request.
 
 Addresses are `ipc://` files in a private temporary folder: the same code runs across hosts with tcp
 addresses. A worker that dies stops the run with `PolicyWorkerDied` naming it (no silent restart); a
@@ -25,8 +28,10 @@ import io
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +48,7 @@ from pipeline.messages import (
     WorkerOutbox,
     WorkerReady,
 )
+from pipeline.profiling import Profiler
 from pipeline.stage import StageFailed
 from pipeline.transport import Context, open_context
 from stages.policy.base import ActResult, AgentContext, Policy, TrainableModel
@@ -109,6 +115,9 @@ class WorkerPoolPolicy:
         self._requests = 0
         self._serving = False
         self._stats = {"answered": 0, "abandoned": 0, "generated_tokens": 0}
+        self._profiler: Profiler | None = None
+        self._pids: list[int] = []  # the worker processes now running
+        self._in_flight_span: Any = None  # the `policy` busy span while requests are outstanding
 
     # ----------------------------------------------------------------------------------------------
     # Policy protocol
@@ -123,6 +132,8 @@ class WorkerPoolPolicy:
         worker = min(range(self.workers), key=self._outstanding.__getitem__)
         pending = self._pending[request_id] = _Pending(worker)
         self._outstanding[worker] += 1
+        self._enter_busy()
+        started = time.perf_counter()
         try:
             self._post(worker, ActRequest(
                 request_id=request_id, task=context.task, observation=context.observation,
@@ -131,6 +142,7 @@ class WorkerPoolPolicy:
             await pending.done.wait()
         finally:
             self._outstanding[worker] -= 1
+            self._exit_busy()
             del self._pending[request_id]
             if pending.reply is None and self._serving:  # the caller was cancelled: free the worker's slot
                 self._stats["abandoned"] += 1
@@ -138,6 +150,9 @@ class WorkerPoolPolicy:
         reply = pending.reply
         if reply is None:
             raise PolicyStopped("the decoding workers stopped before answering")
+        if self._profiler is not None:
+            self._profiler.latency("policy", "request", time.perf_counter() - started)
+            self._profiler.items("policy")
         if reply.error:
             raise PolicyWorkerError(f"decoding worker {reply.worker}: {reply.error}")
         return ActResult(
@@ -153,6 +168,13 @@ class WorkerPoolPolicy:
 
     def trainable(self) -> TrainableModel:
         return self._local.trainable()
+
+    def attach_profiler(self, profiler: Profiler) -> None:
+        """Record decoding as the `policy` stage: in-flight requests as its busy time, the worker processes'
+        CPU as its CPU (those running now and any started later), replies as its items."""
+        self._profiler = profiler
+        for pid in self._pids:
+            profiler.bind_process("policy", pid)
 
     def statistics(self) -> PoolStatistics:
         return PoolStatistics(requests=self._requests, **self._stats, version=self.version, workers=self.workers)
@@ -205,8 +227,26 @@ class WorkerPoolPolicy:
             "--inbox", f"ipc://{folder}/in-{worker}", "--outbox", f"ipc://{folder}/out",
         ]
         env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        process = await trio.run_process(command, check=False, cwd=ROOT, env=env)
+        async with trio.open_nursery() as nursery:
+            process = await nursery.start(partial(trio.run_process, command, check=False, cwd=ROOT, env=env))
+            self._pids.append(process.pid)
+            try:
+                if self._profiler is not None:
+                    self._profiler.bind_process("policy", process.pid)
+                await process.wait()
+            finally:
+                self._pids.remove(process.pid)
         raise PolicyWorkerDied("policy", f"decoding worker {worker} exited with code {process.returncode} (its stderr is above)")
+
+    def _enter_busy(self) -> None:
+        if self._profiler is not None and self._in_flight_span is None:
+            self._in_flight_span = self._profiler.remote_span("policy", "requests_in_flight")
+            self._in_flight_span.__enter__()
+
+    def _exit_busy(self) -> None:
+        if self._in_flight_span is not None and not any(self._outstanding):
+            self._in_flight_span.__exit__(None, None, None)
+            self._in_flight_span = None
 
     async def _wait_ready(self, outbox: Any) -> None:
         ready: set[int] = set()

@@ -102,6 +102,22 @@ def test_busy_is_the_union_of_overlapping_spans_not_their_sum():
     assert row.cpu_pct == pytest.approx(30.0)  # the fake thread clock advanced 3 s inside spans
 
 
+
+def test_a_remote_span_is_busy_time_without_the_calling_threads_cpu():
+    now = [0.0]
+    prof = Profiler(gpu_sample_hz=0.0, clock=lambda: now[0], thread_clock=lambda: now[0])
+    now[0] = 1.0
+    with prof.remote_span("policy", "requests_in_flight"):
+        now[0] = 2.0
+        with prof.span("rollout", "env_step"):  # this thread works for the rollout meanwhile
+            now[0] = 3.0
+        now[0] = 5.0
+    now[0] = 10.0
+    report = prof.finish()
+    assert report.row("policy").busy_pct == pytest.approx(40.0)  # [1, 5] of [0, 10]
+    assert report.row("policy").cpu_pct == 0.0  # its CPU is another process's (`bind_process`)
+    assert report.row("rollout").cpu_pct == pytest.approx(10.0)  # the thread's 1 s inside its span
+
 def test_disabled_profiler_records_nothing_and_writes_nothing(tmp_path):
     prof = Profiler(enabled=False)
     with prof.span("rollout", "env_step"), prof.wait("gate", "recv"), prof.cuda_span("policy"):

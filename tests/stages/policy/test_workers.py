@@ -11,6 +11,7 @@ import torch
 import trio
 
 from pipeline.job import build_policy, build_suite, load
+from pipeline.profiling import Profiler
 from stages.policy.base import AgentContext
 from stages.policy.workers import PolicyWorkerDied, WorkerPoolPolicy
 
@@ -99,6 +100,30 @@ async def _answers_live(pool, contexts):
             calls.start_soon(one, ctx)
     return out
 
+
+
+@pytest.mark.slow
+def test_the_profile_has_a_policy_row_with_the_workers_cpu(setup):
+    cfg, suite, contexts = setup
+    pool = build_policy(cfg, suite, workers=2)
+    profiler = Profiler(gpu_sample_hz=0.0)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.serve)
+            pool.attach_profiler(profiler)  # as the GRPO phase does: the workers are running already
+            await _answers_live(pool, contexts * 4)
+            report = profiler.finish()
+            nursery.cancel_scope.cancel()
+        return report
+
+    report = trio.run(main)
+    row = report.row("policy")
+    assert row.items == len(contexts) * 4
+    assert row.latency_from == "latency" and row.p50_ms is not None and row.p50_ms > 0
+    assert 0 < row.busy_pct <= 100
+    assert row.cpu_pct > 0  # the worker processes' CPU, not this process's
+    assert report.process_cpu_pct is not None and report.process_cpu_pct >= row.cpu_pct
 
 @pytest.mark.slow
 def test_a_dead_worker_stops_the_pool_with_its_name(setup):
