@@ -26,6 +26,7 @@ ALLOCATORS = Registry(
         "pilot_commit": "gates.allocators.pilot_commit:PilotCommitAllocator",
         "vip": "gates.allocators.vip:VipAllocator",
         "aero": "gates.allocators.aero:AeroAllocator",
+        "family": "gates.allocators.family:FamilyAllocator",
     },
 )
 

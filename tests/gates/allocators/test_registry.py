@@ -8,7 +8,7 @@ from gates.allocators import ALLOCATORS, Allocator, AllocatorContext, build_allo
 
 from .sim import make_tasks
 
-BUILTINS = ["aero", "dapo", "greso", "pilot_commit", "uniform", "vip"]
+BUILTINS = ["aero", "dapo", "family", "greso", "pilot_commit", "uniform", "vip"]
 CTX = AllocatorContext(tasks=make_tasks(12), group_size=8, batch_groups=4, seed=0)
 
 

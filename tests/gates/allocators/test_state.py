@@ -8,7 +8,7 @@ import pytest
 
 from .sim import Sim, build, make_tasks, mixed_probs
 
-BUILTINS = ["aero", "dapo", "greso", "pilot_commit", "uniform", "vip"]
+BUILTINS = ["aero", "dapo", "family", "greso", "pilot_commit", "uniform", "vip"]
 
 
 @pytest.mark.parametrize("name", BUILTINS)
