@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from pipeline.job import load, run_job
+from pipeline.job import build_suite, load, run_job
 from pipeline.progress import Progress
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,6 +149,18 @@ async def test_allocator_sub_groups_are_never_gated_and_staleness_is_a_bound(tmp
                 "generated_tokens"):
         assert key in summary, key
 
+
+
+@pytest.mark.slow
+async def test_the_family_allocator_runs_a_job_and_reports_its_weights(tmp_path):
+    cfg = load(None, _tiny(tmp_path, "allocator.name=family", "allocator.options={power = 2.0}", "gate.enabled=false"))
+    result = await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    weights = [{k: v for k, v in r.items() if k.startswith("allocator/weight/")} for r in rows if "allocator/groups_admitted" in r]
+    assert len(weights) == cfg.run.updates
+    families = {t.family for t in build_suite(cfg).tasks("train")}
+    assert all({k.removeprefix("allocator/weight/") for k in w} == families for w in weights)
+    assert all(sum(w.values()) == pytest.approx(1.0) for w in weights)
 
 @pytest.mark.slow
 async def test_periodic_heldout_evaluation_writes_a_learning_curve(tmp_path):
