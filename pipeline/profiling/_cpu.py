@@ -2,7 +2,8 @@
 
 The sampler is a Trio task: every `1/hz` seconds it records the process CPU utilization over the last
 period (a counter track in the trace) and reads the CPU clock of every thread still bound to a stage, so a
-binding that is never closed still gets its CPU counted at `finish()`.
+binding that is never closed still gets its CPU counted at `finish()`, and of every other process bound to
+a stage, so one that exits before `finish()` (a decoding worker stopped with its phase) keeps what it used.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -66,6 +68,7 @@ class CpuSampler:
         self.clock = clock
         self.samples: list[tuple[float, float, float]] = []  # (t0, t1, process cores busy)
         self.thread_cpu: dict[int, tuple[float, float]] = {}  # native id -> (t, cpu s), latest reading
+        self.processes: list[list[Any]] = []  # other processes: [stage, pid, cpu s at bind, latest reading]
 
     def tick(self, prev: tuple[float, float]) -> tuple[float, float]:
         """Take one reading; `prev` and the result are (wall t, process cpu s)."""
@@ -77,7 +80,15 @@ class CpuSampler:
                 cpu = thread_cpu_seconds(buf.native_id)
                 if cpu is not None:
                     self.thread_cpu[buf.native_id] = (now[0], cpu)
+        self.refresh_processes()
         return now
+
+    def refresh_processes(self) -> None:
+        """Read the CPU of every bound process still running (an exited one keeps its last reading)."""
+        for entry in self.processes:
+            cpu = other_process_cpu_seconds(entry[1])
+            if cpu is not None:
+                entry[3] = cpu
 
     async def run(self) -> None:
         """Sample until cancelled (the profiler's sampling nursery cancels it)."""

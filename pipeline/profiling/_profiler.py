@@ -100,7 +100,6 @@ class Profiler:
         self._t_end: float | None = None
         self._snap: Snapshot | None = None
         self._report: Report | None = None
-        self._processes: list[list[Any]] = []  # [stage, pid, cpu at bind, latest cpu reading]
 
     @classmethod
     def from_config(cls, cfg: _ProfileConfig, **kwargs: Any) -> Profiler:
@@ -198,16 +197,13 @@ class Profiler:
             return
         cpu = other_process_cpu_seconds(pid)
         if cpu is not None:
-            self._processes.append([stage, pid, cpu, cpu])
+            self._cpu.processes.append([stage, pid, cpu, cpu])
 
     def _other_process_cpu(self) -> dict[str, float]:
         by_stage: dict[str, float] = {}
-        for entry in self._processes:
-            stage, pid, c0, _ = entry
-            now = other_process_cpu_seconds(pid)
-            if now is not None:
-                entry[3] = now
-            by_stage[stage] = by_stage.get(stage, 0.0) + entry[3] - c0
+        self._cpu.refresh_processes()
+        for stage, _pid, c0, latest in self._cpu.processes:
+            by_stage[stage] = by_stage.get(stage, 0.0) + latest - c0
         return by_stage
 
     def cuda_span(self, stage: str, name: str = "") -> CudaSpan | Span | WallSpan | NullSpan:

@@ -283,3 +283,14 @@ def test_bind_process_attributes_another_processes_cpu_to_a_stage() -> None:
         child.communicate(b"")
     assert report.row("engine").cpu_pct > 0
     assert report.process_cpu_pct is not None and report.process_cpu_pct >= report.row("engine").cpu_pct
+
+
+async def test_a_bound_process_that_exits_before_finish_keeps_the_cpu_it_used() -> None:
+    child = await trio.lowlevel.open_process([sys.executable, "-c", "sum(range(5_000_000))"])
+    prof = Profiler(gpu_sample_hz=0.0, cpu_sample_hz=100.0)
+    prof.bind_process("engine", child.pid)
+    async with prof.sampling():  # the sampler reads it while it runs (a worker stopped with its phase)
+        with prof.remote_span("engine", "requests_in_flight"):  # (this thread's CPU is not the engine's)
+            await child.wait()
+    report = prof.finish()  # the child is gone: only the sampler's readings can say what it used
+    assert report.row("engine").cpu_pct > 0
