@@ -83,12 +83,26 @@ class CpuSampler:
         self.refresh_processes()
         return now
 
+    def bind_process(self, stage: str, pid: int) -> None:
+        """Count another process's CPU from now on for `stage` (skipped if it cannot be read)."""
+        cpu = other_process_cpu_seconds(pid)
+        if cpu is not None:
+            self.processes.append([stage, pid, cpu, cpu])
+
     def refresh_processes(self) -> None:
         """Read the CPU of every bound process still running (an exited one keeps its last reading)."""
         for entry in self.processes:
             cpu = other_process_cpu_seconds(entry[1])
             if cpu is not None:
                 entry[3] = cpu
+
+    def process_cpu_by_stage(self) -> dict[str, float]:
+        """CPU seconds each stage's bound processes used since they were bound, read now."""
+        self.refresh_processes()
+        by_stage: dict[str, float] = {}
+        for stage, _pid, at_bind, latest in self.processes:
+            by_stage[stage] = by_stage.get(stage, 0.0) + latest - at_bind
+        return by_stage
 
     async def run(self) -> None:
         """Sample until cancelled (the profiler's sampling nursery cancels it)."""

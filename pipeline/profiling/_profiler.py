@@ -16,7 +16,7 @@ import structlog
 import trio
 
 from ._attribution import attribute_samples, attribute_thread_cpu, sample_average
-from ._cpu import CpuSampler, other_process_cpu_seconds, process_cpu_seconds, thread_cpu_seconds
+from ._cpu import CpuSampler, process_cpu_seconds, thread_cpu_seconds
 from ._gpu import CudaSpan, GpuSampler, cuda_available, cuda_seconds
 from ._plot import write_plot
 from ._recorder import (
@@ -191,20 +191,11 @@ class Profiler:
         """Attribute another process's CPU time (e.g. an inference engine's) to `stage` until `finish()`.
 
         Its CPU also counts in the run's process CPU, so it never shows up as negative unattributed time.
-        A process that exits before `finish()` keeps the CPU last read for it (at bind, or by `finish`).
+        A process that exits before `finish()` keeps the CPU last read for it (at bind, by the sampler, or
+        by `finish`).
         """
-        if not self._recording:
-            return
-        cpu = other_process_cpu_seconds(pid)
-        if cpu is not None:
-            self._cpu.processes.append([stage, pid, cpu, cpu])
-
-    def _other_process_cpu(self) -> dict[str, float]:
-        by_stage: dict[str, float] = {}
-        self._cpu.refresh_processes()
-        for stage, _pid, c0, latest in self._cpu.processes:
-            by_stage[stage] = by_stage.get(stage, 0.0) + latest - c0
-        return by_stage
+        if self._recording:
+            self._cpu.bind_process(stage, pid)
 
     def cuda_span(self, stage: str, name: str = "") -> CudaSpan | Span | WallSpan | NullSpan:
         """A busy span that also times the enclosed CUDA work with CUDA events (when torch sees a GPU).
@@ -268,7 +259,7 @@ class Profiler:
         for buf in snap.threads:
             for stage, seconds in self._thread_cpu_by_stage(buf, t_end).items():
                 cpu_by_stage[stage] = cpu_by_stage.get(stage, 0.0) + seconds
-        other = self._other_process_cpu()
+        other = self._cpu.process_cpu_by_stage()
         for stage, seconds in other.items():
             cpu_by_stage[stage] = cpu_by_stage.get(stage, 0.0) + seconds
 
