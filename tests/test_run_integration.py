@@ -203,6 +203,7 @@ async def test_the_learn_preset_runs_and_acts_only_admissible_commands(tmp_path)
     assert cfg.learner.ema > 0 and not cfg.gate.enabled  # a moving average is published; every group trains
     assert cfg.learner.lr_schedule == "linear" and cfg.run.updates >= 2  # the lr decays over the run's updates
     assert cfg.learner.step_weight > 0 and cfg.learner.skip_confident > 0 and cfg.policy.workers == 2  # GiGPO, sure turns skipped
+    assert cfg.allocator.name == "family"  # slots by each family's recent share of mixed groups
     result = await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
     assert result.summary["learner_updates"] == cfg.run.updates
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
