@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import trio
 
@@ -59,6 +59,16 @@ def other_process_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S  # utime, stime
 
 
+@dataclass(slots=True)
+class BoundProcess:
+    """Another process whose CPU counts for `stage`: its CPU seconds at bind and at the latest reading."""
+
+    stage: str
+    pid: int
+    cpu_at_bind: float
+    cpu_latest: float
+
+
 class CpuSampler:
     """Samples process CPU utilization and refreshes the CPU reading of bound threads."""
 
@@ -68,7 +78,7 @@ class CpuSampler:
         self.clock = clock
         self.samples: list[tuple[float, float, float]] = []  # (t0, t1, process cores busy)
         self.thread_cpu: dict[int, tuple[float, float]] = {}  # native id -> (t, cpu s), latest reading
-        self.processes: list[list[Any]] = []  # other processes: [stage, pid, cpu s at bind, latest reading]
+        self.processes: list[BoundProcess] = []  # other processes working for a stage
 
     def tick(self, prev: tuple[float, float]) -> tuple[float, float]:
         """Take one reading; `prev` and the result are (wall t, process cpu s)."""
@@ -87,21 +97,21 @@ class CpuSampler:
         """Count another process's CPU from now on for `stage` (skipped if it cannot be read)."""
         cpu = other_process_cpu_seconds(pid)
         if cpu is not None:
-            self.processes.append([stage, pid, cpu, cpu])
+            self.processes.append(BoundProcess(stage, pid, cpu_at_bind=cpu, cpu_latest=cpu))
 
     def refresh_processes(self) -> None:
         """Read the CPU of every bound process still running (an exited one keeps its last reading)."""
-        for entry in self.processes:
-            cpu = other_process_cpu_seconds(entry[1])
+        for bound in self.processes:
+            cpu = other_process_cpu_seconds(bound.pid)
             if cpu is not None:
-                entry[3] = cpu
+                bound.cpu_latest = cpu
 
     def process_cpu_by_stage(self) -> dict[str, float]:
         """CPU seconds each stage's bound processes used since they were bound, read now."""
         self.refresh_processes()
         by_stage: dict[str, float] = {}
-        for stage, _pid, at_bind, latest in self.processes:
-            by_stage[stage] = by_stage.get(stage, 0.0) + latest - at_bind
+        for bound in self.processes:
+            by_stage[bound.stage] = by_stage.get(bound.stage, 0.0) + bound.cpu_latest - bound.cpu_at_bind
         return by_stage
 
     async def run(self) -> None:
