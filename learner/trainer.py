@@ -15,7 +15,10 @@ One update trains on a batch of B training groups:
    With `skip_confident` > 0 the turns whose action had at least that probability under the behaviour
    policy are left out of the passes (their gradient scales with 1 - p), the others keeping the weights
    the whole mini-batch gave them;
-5. an epoch whose approximate KL to the behaviour policy exceeds `max_kl` ends the update early;
+5. with `max_kl` > 0 the update ends early once the approximate KL to the behaviour policy exceeds it:
+   measured over an epoch (`kl_stop = "epoch"`, the next epoch is not run) or over each mini-batch before
+   its optimizer step (`kl_stop = "step"`, that step is not taken: the target-KL stop of PPO
+   implementations, which also acts when an update runs one epoch of several mini-batches);
 6. the optimizer's lr for the update is `lr` x the schedule's factor at version / `run.updates`
    (`learner/schedules.py`; constant by default);
 7. the weights returned for publishing are the new iterate, or with `ema` > 0 an exponential moving
@@ -267,11 +270,17 @@ class Trainer:
         out: dict[str, float] = {}
         grad_norms: list[float] = []
         epochs = 0
+        stopped = False
+        step_limit = self.cfg.max_kl if self.cfg.kl_stop == "step" else 0.0
         for _ in range(self.cfg.epochs):
             order = shuffled_by_prompt(items, self._rng)
             sums = _Sums()
             for start in range(0, len(order), size):
-                grad_norms.append(self._step(order[start : start + size], sums))
+                grad_norm = self._step(order[start : start + size], sums, max_kl=step_limit)
+                if grad_norm is None:
+                    stopped = True
+                    break
+                grad_norms.append(grad_norm)
             epochs += 1
             kl = sums.mean(sums.kl)
             out = {
@@ -283,16 +292,21 @@ class Trainer:
                 "learner/tokens": sums.tokens,
                 "learner/skipped_confident": sums.skipped / max(sums.items + sums.skipped, 1),
             }
-            if self.cfg.max_kl and kl > self.cfg.max_kl:
+            if stopped or (self.cfg.max_kl and kl > self.cfg.max_kl):
+                stopped = True
                 break
         out["learner/epochs"] = float(epochs)
+        out["learner/kl_stopped"] = float(stopped)
         out["learner/optimizer_steps"] = float(len(grad_norms))
-        out["learner/grad_norm"] = sum(grad_norms) / len(grad_norms)
+        out["learner/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else 0.0
         return out
 
-    def _step(self, batch: list[TrainItem], sums: _Sums) -> float:
-        """One optimizer step on `batch`, its loss accumulated over micro-batches with exact weights."""
+    def _step(self, batch: list[TrainItem], sums: _Sums, *, max_kl: float = 0.0) -> float | None:
+        """One optimizer step on `batch`, its loss accumulated over micro-batches with exact weights; returns
+        the gradient norm, or None without stepping when `max_kl` > 0 and the mini-batch's approx KL to the
+        behaviour policy exceeds it (its figures still count in `sums`)."""
         self.optimizer.zero_grad(set_to_none=True)
+        kl_before, tokens_before = sums.kl, sums.tokens
         lengths = torch.tensor([len(it.token_ids) for it in batch], dtype=torch.float64)  # [n]
         trajectories = torch.tensor([it.trajectory for it in batch])  # [n]
         weights = self.aggregation(lengths, trajectories, constant=self.cfg.norm_tokens).float()  # [n]
@@ -319,6 +333,10 @@ class Trainer:
             sums.add((scores.logprobs - old) * scores.mask, scores.entropy, scores.mask, self.cfg.clip_eps)
         sums.loss += step_loss
         sums.steps += 1
+        tokens = sums.tokens - tokens_before
+        if max_kl and tokens and (sums.kl - kl_before) / tokens > max_kl:
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         return float(grad_norm)

@@ -273,7 +273,12 @@ class LearnerSection(_Section):
     kl_coef: float = 0.0
     """Weight of a KL(pi || warm start) penalty per token (0 = off; costs one more forward pass)."""
     max_kl: float = 0.0
-    """Stop an update's epochs early once an epoch's approx KL to the behaviour policy exceeds this (0 = off)."""
+    """End an update early once its approx KL to the behaviour policy exceeds this (0 = off); where it is
+    measured is `kl_stop`. With `ema` > 0 the learner's iterate starts each update away from the behaviour
+    (published) weights, so the threshold must sit above the KL an update starts with."""
+    kl_stop: str = "epoch"
+    """Where `max_kl` is checked: "epoch" (after each epoch over the batch; the next one is not run) or
+    "step" (each mini-batch before its optimizer step, which is then not taken)."""
     ema: float = 0.0
     """Publish an exponential moving average of the learner's weights instead of its latest iterate: after
     each update, published = ema x published + (1 - ema) x learner weights (0 = off). Rollouts, held-out
@@ -301,6 +306,7 @@ class LearnerSection(_Section):
             (self.norm_tokens > 0, "learner.norm_tokens must be > 0"),
             (self.kl_coef >= 0, "learner.kl_coef must be >= 0"),
             (self.max_kl >= 0, "learner.max_kl must be >= 0"),
+            (self.kl_stop in ("epoch", "step"), f"learner.kl_stop must be 'epoch' or 'step', not {self.kl_stop!r}"),
             (0 <= self.ema < 1, "learner.ema must be in [0, 1)"),
             (0 <= self.negative_weight <= 1, "learner.negative_weight must be in [0, 1]"),
             (self.step_weight >= 0, "learner.step_weight must be >= 0"),

@@ -183,6 +183,34 @@ def test_max_kl_stops_the_epochs_early():
     assert capped["learner/epochs"] == 2.0  # epoch 1 is on-policy (KL 0); epoch 2 sees the moved weights
 
 
+def _kl_capped_update(**cfg):
+    model = BigramModel()
+    batch = [_group(model, g, [1.0, 0.0, 0.0, 1.0]) for g in range(3)]  # 12 one-turn items
+    return Trainer(model, LearnerSection(lr=0.5, max_items=0, minibatch_items=3, **cfg), clipped_ratio_loss).update(batch)
+
+
+def test_a_step_kl_stop_acts_inside_a_single_epoch():
+    _, free = _kl_capped_update(epochs=1)
+    assert free["learner/optimizer_steps"] == 4.0 and free["learner/kl_stopped"] == 0.0
+    _, per_epoch = _kl_capped_update(epochs=1, max_kl=1e-9)  # checked after the only epoch: too late to act
+    assert per_epoch["learner/optimizer_steps"] == 4.0
+    _, per_step = _kl_capped_update(epochs=1, max_kl=1e-9, kl_stop="step")
+    assert per_step["learner/optimizer_steps"] == 1.0  # mini-batch 1 is on-policy; mini-batch 2 sees moved weights
+    assert per_step["learner/kl_stopped"] == 1.0 and per_step["learner/epochs"] == 1.0
+
+
+def test_a_step_kl_stop_leaves_the_weights_alone_when_the_first_step_is_over():
+    model = BigramModel()
+    batch = [_group(model, g, [1.0, 0.0, 0.0, 1.0]) for g in range(3)]
+    trainer = Trainer(model, LearnerSection(lr=0.5, max_items=0, max_kl=1e-9, kl_stop="step"), clipped_ratio_loss)
+    _, first = trainer.update(batch)  # one on-policy step: the weights move away from the batch's behaviour log-probs
+    assert first["learner/optimizer_steps"] == 1.0
+    moved = {k: v.clone() for k, v in model.state_dict().items()}
+    state, stats = trainer.update(batch)  # the same (now stale) batch: over the limit before any step
+    assert stats["learner/optimizer_steps"] == 0.0 and stats["learner/grad_norm"] == 0.0
+    assert all(torch.equal(moved[k], state[k]) for k in moved)
+
+
 def test_update_reports_the_figures_that_show_trouble_coming():
     model = BigramModel()
     _, stats = Trainer(model, LearnerSection(lr=0.05), clipped_ratio_loss).update([_group(model, 0, [1.0, 0.0])])

@@ -49,6 +49,13 @@ def test_pretrain_ranges_are_checked():
     ]
 
 
+def test_the_kl_stop_names_where_it_is_checked():
+    assert load_config(None, ["learner.kl_stop=\"step\""]).learner.kl_stop == "step"
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["learner.kl_stop=\"batch\""])
+    assert info.value.problems == ["learner.kl_stop must be 'epoch' or 'step', not 'batch'"]
+
+
 def test_extra_checks_are_collected_with_the_rest():
     with pytest.raises(ConfigError) as info:
         load_config(None, ["learner.lr=-1"], extra_checks=[lambda cfg: ["env.name: unknown env 'x'"]])
