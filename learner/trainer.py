@@ -26,7 +26,8 @@ One update trains on a batch of B training groups:
 
 Per-update figures (metrics.jsonl): lr, items, tokens, ratio mean, clip fraction, approx KL to behaviour,
 entropy of the sampling distribution, fraction of actions that were not admissible commands, staleness
-lag max / mean, items dropped as stale, the share of items skipped as confident, epochs run, train success of the batch, and the share of items
+lag max / mean, items dropped as stale, the share of items skipped as confident, epochs and optimizer steps run,
+whether the KL stop cut the update short, train success of the batch, and the share of items
 whose prompt is distinct (`learner/distinct_prompt_fraction`: what a repeated-prompt saving can save).
 """
 
@@ -292,8 +293,10 @@ class Trainer:
                 "learner/tokens": sums.tokens,
                 "learner/skipped_confident": sums.skipped / max(sums.items + sums.skipped, 1),
             }
-            if stopped or (self.cfg.max_kl and kl > self.cfg.max_kl):
-                stopped = True
+            if stopped:
+                break
+            if self.cfg.max_kl and kl > self.cfg.max_kl and epochs < self.cfg.epochs:
+                stopped = True  # the epochs left are not run
                 break
         out["learner/epochs"] = float(epochs)
         out["learner/kl_stopped"] = float(stopped)

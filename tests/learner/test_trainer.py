@@ -181,6 +181,7 @@ def test_max_kl_stops_the_epochs_early():
     batch = [_group(model, g, [1.0, 0.0, 0.0, 1.0]) for g in range(3)]
     _, capped = Trainer(model, LearnerSection(lr=0.5, epochs=4, max_kl=1e-9), clipped_ratio_loss).update(batch)
     assert capped["learner/epochs"] == 2.0  # epoch 1 is on-policy (KL 0); epoch 2 sees the moved weights
+    assert capped["learner/kl_stopped"] == 1.0 and free["learner/kl_stopped"] == 0.0
 
 
 def _kl_capped_update(**cfg):
@@ -193,7 +194,7 @@ def test_a_step_kl_stop_acts_inside_a_single_epoch():
     _, free = _kl_capped_update(epochs=1)
     assert free["learner/optimizer_steps"] == 4.0 and free["learner/kl_stopped"] == 0.0
     _, per_epoch = _kl_capped_update(epochs=1, max_kl=1e-9)  # checked after the only epoch: too late to act
-    assert per_epoch["learner/optimizer_steps"] == 4.0
+    assert per_epoch["learner/optimizer_steps"] == 4.0 and per_epoch["learner/kl_stopped"] == 0.0
     _, per_step = _kl_capped_update(epochs=1, max_kl=1e-9, kl_stop="step")
     assert per_step["learner/optimizer_steps"] == 1.0  # mini-batch 1 is on-policy; mini-batch 2 sees moved weights
     assert per_step["learner/kl_stopped"] == 1.0 and per_step["learner/epochs"] == 1.0
