@@ -13,7 +13,7 @@ each pair interleaved:
 
 * **learner**: forward + backward of every turn's chosen command in micro-batches of `learner.micro_batch`,
   (a) turns in plain random order, every row encoded, against (b) the trainer's order
-  (`learner.trainer.shuffled_by_prompt`: turns sharing a prompt side by side) through `command_scores`;
+  (`learner.items.shuffled_by_prompt`: turns sharing a prompt side by side) through `command_scores`;
 * **decoding**: scoring each lockstep step's batch (chunks of `policy.max_batch`, a group's rollouts side by
   side: the policy server's batches mix groups as requests arrive, so this is the most its batches can save),
   every row encoded against `command_scores`.
@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from learner.trainer import TrainItem, shuffled_by_prompt  # noqa: E402
+from learner.items import TrainItem, shuffled_by_prompt  # noqa: E402
 from pipeline.job import build_policy, build_suite, load  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
 from stages.lockstep import play_lockstep  # noqa: E402

@@ -3,7 +3,8 @@
 One update trains on a batch of B training groups:
 
 1. group-relative advantages per trajectory (float64); every policy turn of every usable trajectory
-   becomes a training item (prompt, completion, behaviour log-probs, advantage, policy version);
+   becomes a training item (prompt, completion, behaviour log-probs, advantage, policy version;
+   `learner/items.py`);
 2. items whose policy version lags the learner by more than `max_staleness` are dropped and counted
    (the staleness bound holds for every trained turn, whatever the pacing did);
 3. optionally a fixed number of items is sampled (`max_items`, the reference's step items);
@@ -37,132 +38,19 @@ import copy
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from pipeline.config import LearnerSection
 from pipeline.contracts import TrainableModel
-from pipeline.messages import GroupResult, Trajectory, TrajectoryStatus
+from pipeline.messages import GroupResult, TrajectoryStatus
 
-from .advantages import discounted_returns, group_advantages, step_advantages
+from .items import TrainItem, build_items, prompt_key, shuffled_by_prompt
 from .schedules import lr_factor
 
 LossFn = Callable[..., torch.Tensor]
 AggregationFn = Callable[..., torch.Tensor]
-
-
-@dataclass(frozen=True, slots=True)
-class TrainItem:
-    prompt_ids: list[int]
-    token_ids: list[int]
-    old_logprobs: list[float]
-    advantage: float
-    trajectory: int
-    """Index of its trajectory within the batch (for per-trajectory aggregation)."""
-    lag: int
-    """Learner version minus the policy version that generated this turn."""
-    admissible: bool = True
-    choices: list[list[int]] = field(default_factory=list)
-    """What the turn's decoding was constrained to (`Turn.choices`); [] = unconstrained."""
-
-
-@dataclass(frozen=True, slots=True)
-class ItemCounts:
-    dropped_stale: int = 0
-    zero_advantage: int = 0
-    turns: int = 0
-    invalid_actions: int = 0
-    step_signal: int = 0
-    """Turns whose step-level advantage is non-zero (a same-state comparison told their action apart)."""
-
-
-def build_items(
-    groups: Sequence[GroupResult],
-    eps: float,
-    *,
-    learner_version: int = 0,
-    max_staleness: int | None = None,
-    keep_zero_advantage: bool = False,
-    negative_weight: float = 1.0,
-    step_weight: float = 0.0,
-    gamma: float = 0.95,
-) -> tuple[list[TrainItem], ItemCounts]:
-    """Training items of every turn of every usable trajectory, and what was left out.
-
-    Failed trajectories (env or policy error) are left out of their group's baseline; a group with fewer
-    than two usable trajectories contributes nothing; zero-advantage trajectories contribute nothing
-    unless `keep_zero_advantage` (the reference's dilution); negative advantages are scaled by
-    `negative_weight` (0 = positive-sample reinforcement: failures then contribute nothing); turns older than `max_staleness` versions
-    are dropped and counted. With `step_weight` > 0 each turn's advantage adds `step_weight` times its
-    GiGPO step-level advantage (returns discounted by `gamma`, compared among the group's turns from the
-    same anchor state; `learner.advantages.step_advantages`).
-    """
-    items: list[TrainItem] = []
-    stale = zero = turns = invalid = step_signal = 0
-    trajectory_index = 0
-    for group in groups:
-        if group.cut:
-            raise ValueError(f"group {group.group_id} was cut by a gate and must never reach the learner")
-        usable = [t for t in group.trajectories if t.status == TrajectoryStatus.COMPLETE]
-        if len(usable) < 2:
-            continue
-        episode, steps = _turn_advantages(usable, eps, gamma if step_weight else None)
-        for trajectory, trajectory_advantage, step_terms in zip(usable, episode, steps, strict=True):
-            trajectory_index += 1
-            for turn, step_term in zip(trajectory.turns, step_terms, strict=True):
-                if not turn.token_ids:
-                    continue
-                advantage = trajectory_advantage + step_weight * step_term
-                step_signal += step_term != 0.0
-                if advantage < 0:
-                    advantage *= negative_weight
-                turns += 1
-                invalid += not turn.admissible
-                if advantage == 0.0 and not keep_zero_advantage:
-                    zero += 1
-                    continue
-                lag = learner_version - turn.policy_version
-                if max_staleness is not None and lag > max_staleness:
-                    stale += 1
-                    continue
-                items.append(
-                    TrainItem(
-                        turn.prompt_ids, turn.token_ids, turn.logprobs, advantage, trajectory_index, lag,
-                        turn.admissible, turn.choices,
-                    )
-                )
-    counts = ItemCounts(dropped_stale=stale, zero_advantage=zero, turns=turns, invalid_actions=invalid, step_signal=step_signal)
-    return items, counts
-
-
-def _turn_advantages(
-    usable: Sequence[Trajectory], eps: float, gamma: float | None
-) -> tuple[list[float], list[list[float]]]:
-    """The group advantage of each trajectory, and per trajectory the step-level advantage of each turn
-    (GiGPO, returns discounted by `gamma`; all zero when `gamma` is None: step level off)."""
-    episode = group_advantages(torch.tensor([t.reward for t in usable], dtype=torch.float64), eps)  # [G]
-    if gamma is None:
-        return episode.tolist(), [[0.0] * len(t.turns) for t in usable]
-    returns = [discounted_returns(torch.tensor([turn.reward for turn in t.turns], dtype=torch.float64), gamma) for t in usable]
-    steps = step_advantages([[turn.anchor for turn in t.turns] for t in usable], returns, eps)  # per trajectory [T_i]
-    return episode.tolist(), [s.tolist() for s in steps]
-
-
-def _prompt_key(item: TrainItem) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
-    return tuple(item.prompt_ids), tuple(map(tuple, item.choices))
-
-
-def shuffled_by_prompt(items: Sequence[TrainItem], rng: random.Random) -> list[TrainItem]:
-    """`items` in random order, except that items with the same prompt and choices stay together (in the
-    order given): the distinct prompts are shuffled, each followed by all of its items."""
-    together: dict[tuple[tuple[int, ...], tuple[tuple[int, ...], ...]], list[TrainItem]] = {}
-    for item in items:
-        together.setdefault(_prompt_key(item), []).append(item)
-    keys = list(together)
-    rng.shuffle(keys)
-    return [item for key in keys for item in together[key]]
 
 
 def _padded(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
@@ -246,7 +134,7 @@ class Trainer:
             "learner/batch_success": sum(t.success for t in rollouts) / len(rollouts) if rollouts else 0.0,
             "staleness_lag_max": float(max((it.lag for it in items), default=0)),
             "staleness_lag_mean": sum(it.lag for it in items) / len(items) if items else 0.0,
-            "learner/distinct_prompt_fraction": len({_prompt_key(it) for it in items}) / len(items) if items else 0.0,
+            "learner/distinct_prompt_fraction": len({prompt_key(it) for it in items}) / len(items) if items else 0.0,
         }
         lr = self.cfg.lr * lr_factor(self.cfg.lr_schedule, version, self.total_updates, self.cfg.lr_floor)
         for param_group in self.optimizer.param_groups:
@@ -277,11 +165,11 @@ class Trainer:
             order = shuffled_by_prompt(items, self._rng)
             sums = _Sums()
             for start in range(0, len(order), size):
-                grad_norm = self._step(order[start : start + size], sums, max_kl=step_limit)
-                if grad_norm is None:
-                    stopped = True
+                batch_kl = self._backward(order[start : start + size], sums)
+                if step_limit and batch_kl > step_limit:
+                    stopped = True  # this mini-batch's step and the rest of the update are not taken
                     break
-                grad_norms.append(grad_norm)
+                grad_norms.append(self._optimizer_step())
             epochs += 1
             kl = sums.mean(sums.kl)
             out = {
@@ -304,10 +192,9 @@ class Trainer:
         out["learner/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else 0.0
         return out
 
-    def _step(self, batch: list[TrainItem], sums: _Sums, *, max_kl: float = 0.0) -> float | None:
-        """One optimizer step on `batch`, its loss accumulated over micro-batches with exact weights; returns
-        the gradient norm, or None without stepping when `max_kl` > 0 and the mini-batch's approx KL to the
-        behaviour policy exceeds it (its figures still count in `sums`)."""
+    def _backward(self, batch: list[TrainItem], sums: _Sums) -> float:
+        """The gradient of `batch`'s loss, accumulated over micro-batches with exact weights, its figures added
+        to `sums`; returns the mini-batch's approx KL to the behaviour policy."""
         self.optimizer.zero_grad(set_to_none=True)
         kl_before, tokens_before = sums.kl, sums.tokens
         lengths = torch.tensor([len(it.token_ids) for it in batch], dtype=torch.float64)  # [n]
@@ -337,9 +224,10 @@ class Trainer:
         sums.loss += step_loss
         sums.steps += 1
         tokens = sums.tokens - tokens_before
-        if max_kl and tokens and (sums.kl - kl_before) / tokens > max_kl:
-            self.optimizer.zero_grad(set_to_none=True)
-            return None
+        return (sums.kl - kl_before) / tokens if tokens else 0.0
+
+    def _optimizer_step(self) -> float:
+        """Clip the accumulated gradient, step; returns its norm before clipping."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         return float(grad_norm)

@@ -1,53 +1,16 @@
-"""The GRPO update on a fixed batch: items are built right, loss goes down, parameters move."""
-
-import random
+"""The GRPO update on a fixed batch: loss goes down, parameters move, the figures and stops act."""
 
 import pytest
 import torch
 
+from learner.items import build_items
 from learner.losses import clipped_ratio_loss
-from learner.trainer import Trainer, build_items, published_weights
+from learner.trainer import Trainer, published_weights
 from pipeline.config import LearnerSection
-from pipeline.messages import GroupResult, Trajectory, TrajectoryStatus, Turn
+from pipeline.messages import GroupResult, Trajectory, Turn
 
 from .toy_model import BigramModel
-
-
-def _group(model, gid, rewards, completion=(3, 4, 5), cut=False, statuses=None, version=0):
-    with torch.no_grad():
-        old = model.completion_logprobs([[1, 2]], [list(completion)]).logprobs
-        old_fail = model.completion_logprobs([[1, 2]], [[6, 7]]).logprobs
-    trajectories = [
-        Trajectory(
-            rollout_index=i,
-            turns=[Turn(prompt_ids=[1, 2], token_ids=list(completion) if r > 0 else [6, 7],
-                        logprobs=old[0].tolist() if r > 0 else old_fail[0].tolist(), action="a", policy_version=version)],
-            reward=r,
-            success=r > 0,
-            status=(statuses or {}).get(i, TrajectoryStatus.COMPLETE),
-        )
-        for i, r in enumerate(rewards)
-    ]
-    return GroupResult(group_id=gid, task_id="t", trajectories=trajectories, cut=cut)
-
-
-def test_items_skip_failed_trajectories_and_zero_advantage():
-    model = BigramModel()
-    groups = [
-        _group(model, 0, [1.0, 0.0, 0.0, 0.0]),
-        _group(model, 1, [1.0, 1.0, 1.0]),  # zero variance: no items
-        _group(model, 2, [1.0, 0.0, 0.0], statuses={1: TrajectoryStatus.ERROR, 2: TrajectoryStatus.ERROR}),
-    ]
-    items, counts = build_items(groups, eps=1e-6)
-    assert counts.zero_advantage == 3  # the zero-variance group's three turns carry no gradient
-    assert len(items) == 4  # group 0 only; group 2 has a single usable trajectory
-    assert sum(it.advantage for it in items) == pytest.approx(0.0, abs=1e-5)
-
-
-def test_a_cut_group_is_refused():
-    model = BigramModel()
-    with pytest.raises(ValueError, match="cut"):
-        build_items([_group(model, 5, [1.0, 0.0], cut=True)], eps=1e-6)
+from .toy_model import toy_group as _group
 
 
 def test_updates_lower_the_loss_and_change_the_parameters():
@@ -74,57 +37,6 @@ def test_published_state_is_a_detached_copy():
     state, _ = trainer.update([_group(model, 0, [1.0, 0.0])])
     trainer.update([_group(model, 1, [1.0, 0.0])])
     assert not torch.equal(state["table.weight"], model.state_dict()["table.weight"])
-
-
-def test_zero_advantage_items_are_kept_only_when_asked():
-    model = BigramModel()
-    groups = [_group(model, 0, [1.0, 0.0]), _group(model, 1, [1.0, 1.0])]
-    assert len(build_items(groups, eps=1e-6)[0]) == 2
-    items, _ = build_items(groups, eps=1e-6, keep_zero_advantage=True)
-    assert len(items) == 4 and sorted(it.advantage for it in items)[1:3] == [0.0, 0.0]
-
-
-def test_negative_weight_scales_failures_down_to_positive_sample_reinforcement():
-    model = BigramModel()
-    groups = [_group(model, 0, [1.0, 0.0, 0.0, 0.0])]
-    full, _ = build_items(groups, eps=1e-6)
-    half, _ = build_items(groups, eps=1e-6, negative_weight=0.5)
-    assert [h.advantage for h in half] == pytest.approx([f.advantage * (0.5 if f.advantage < 0 else 1) for f in full])
-    positive, counts = build_items(groups, eps=1e-6, negative_weight=0.0)
-    assert [it.advantage for it in positive] == pytest.approx([full[0].advantage]) and full[0].advantage > 0
-    assert counts.zero_advantage == 3  # the failures' turns are left out, as zero-advantage turns are
-
-
-def _turn(anchor: str, reward: float = 0.0) -> Turn:
-    return Turn(prompt_ids=[1, 2], token_ids=[3], logprobs=[-1.0], action="a", policy_version=0, reward=reward, anchor=anchor)
-
-
-def test_step_weight_adds_gigpo_step_advantages_to_each_turn():
-    # Two rollouts of one task: both start in state "s0"; the first walks on ("x") and wins, the second takes
-    # a wrong turn ("y") and loses. Only "s0" is shared, so only those two turns get a step-level term.
-    won = Trajectory(rollout_index=0, turns=[_turn("s0"), _turn("x", 1.0)], reward=1.0, success=True,
-                     status=TrajectoryStatus.COMPLETE)
-    lost = Trajectory(rollout_index=1, turns=[_turn("s0"), _turn("y"), _turn("z")], reward=0.0, success=False,
-                      status=TrajectoryStatus.COMPLETE)
-    group = GroupResult(group_id=0, task_id="t", trajectories=[won, lost], cut=False)
-    grpo, _ = build_items([group], eps=0.0)
-    assert [it.advantage for it in grpo] == [1.0, 1.0, -1.0, -1.0, -1.0]
-    gigpo, counts = build_items([group], eps=0.0, step_weight=0.5, gamma=0.9)
-    assert [it.advantage for it in gigpo] == pytest.approx([1.5, 1.0, -1.5, -1.0, -1.0])
-    assert counts.step_signal == 2 and counts.turns == 5
-    assert [it.trajectory for it in gigpo] == [1, 1, 2, 2, 2]
-
-
-def test_step_advantages_train_an_all_succeed_group_towards_its_shorter_path():
-    # Equal outcomes give no episode-level signal; from the shared start the faster winner scores higher.
-    fast = Trajectory(rollout_index=0, turns=[_turn("s0"), _turn("x", 1.0)], reward=1.0, success=True,
-                      status=TrajectoryStatus.COMPLETE)
-    slow = Trajectory(rollout_index=1, turns=[_turn("s0"), _turn("y"), _turn("z", 1.0)], reward=1.0, success=True,
-                      status=TrajectoryStatus.COMPLETE)
-    group = GroupResult(group_id=0, task_id="t", trajectories=[fast, slow], cut=False)
-    assert build_items([group], eps=0.0)[0] == []
-    items, _ = build_items([group], eps=0.0, step_weight=1.0, gamma=0.9)
-    assert [(it.trajectory, it.advantage) for it in items] == [(1, pytest.approx(1.0)), (2, pytest.approx(-1.0))]
 
 
 def test_turns_older_than_the_staleness_bound_are_dropped_and_counted():
@@ -220,21 +132,6 @@ def test_update_reports_the_figures_that_show_trouble_coming():
         assert key in stats
     assert stats["learner/ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # first epoch, unchanged weights
     assert stats["learner/entropy"] > 0
-
-
-def test_the_shuffle_keeps_turns_with_one_prompt_together():
-    from learner.trainer import TrainItem, shuffled_by_prompt
-
-    prompts = [[1], [2], [1], [3], [2], [1]]
-    items = [TrainItem(p, [i], [0.0], 1.0, i, 0) for i, p in enumerate(prompts)]
-    orders = set()
-    for seed in range(20):
-        order = shuffled_by_prompt(items, random.Random(seed))
-        assert sorted(it.trajectory for it in order) == list(range(6))  # a permutation
-        runs = [it.prompt_ids[0] for it in order]
-        assert sum(a != b for a, b in zip(runs, runs[1:], strict=False)) == 2  # three prompts, three blocks
-        orders.add(tuple(runs))
-    assert len(orders) == 6  # every order of the three prompts occurs
 
 
 def test_update_reports_the_share_of_distinct_prompts():

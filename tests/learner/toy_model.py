@@ -1,7 +1,9 @@
-"""A bigram language model that satisfies `TrainableModel`, so learner tests need no policy backend."""
+"""A bigram language model that satisfies `TrainableModel`, so learner tests need no policy backend, and a
+one-turn group scored by it."""
 
 import torch
 
+from pipeline.messages import GroupResult, Trajectory, TrajectoryStatus, Turn
 from stages.policy.base import CompletionScores
 from stages.policy.sampling import sampled_logprobs, sampling_entropy
 
@@ -25,3 +27,21 @@ class BigramModel(torch.nn.Module):
             entropy[i, : len(row)] = sampling_entropy(logits, temperature=temperature, top_p=top_p)
             mask[i, : len(row)] = 1.0
         return CompletionScores(logprobs, mask, entropy)
+
+
+def toy_group(model, gid, rewards, completion=(3, 4, 5), cut=False, statuses=None, version=0):
+    with torch.no_grad():
+        old = model.completion_logprobs([[1, 2]], [list(completion)]).logprobs
+        old_fail = model.completion_logprobs([[1, 2]], [[6, 7]]).logprobs
+    trajectories = [
+        Trajectory(
+            rollout_index=i,
+            turns=[Turn(prompt_ids=[1, 2], token_ids=list(completion) if r > 0 else [6, 7],
+                        logprobs=old[0].tolist() if r > 0 else old_fail[0].tolist(), action="a", policy_version=version)],
+            reward=r,
+            success=r > 0,
+            status=(statuses or {}).get(i, TrajectoryStatus.COMPLETE),
+        )
+        for i, r in enumerate(rewards)
+    ]
+    return GroupResult(group_id=gid, task_id="t", trajectories=trajectories, cut=cut)
