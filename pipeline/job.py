@@ -155,10 +155,10 @@ async def evaluate_heldout(policy: Policy, suite: EnvSuite, splits: dict[str, li
     return reports
 
 
-def _periodic_evaluator(cfg: RunConfig, suite: EnvSuite, splits: dict[str, list[Task]]) -> Any:
+def _periodic_evaluator(cfg: RunConfig, suite: EnvSuite, splits: dict[str, list[Task]], built: list[Policy]) -> Any:
     """`evaluate(version, weights)` for the GRPO phase: a second policy of the same backend (the cached
     warm start), loaded with exactly that version's weights, so the figure is that version's whatever the
-    live policy loads meanwhile."""
+    live policy loads meanwhile. The policy is added to `built`, which the job closes."""
     holder: list[Policy] = []
     one_at_a_time = trio.Lock()  # one evaluation policy: evaluations that overlap (small eval.every) take turns
 
@@ -166,6 +166,7 @@ def _periodic_evaluator(cfg: RunConfig, suite: EnvSuite, splits: dict[str, list[
         async with one_at_a_time:
             if not holder:
                 holder.append(await trio.to_thread.run_sync(lambda: build_policy(cfg, suite, workers=1)))
+                built.append(holder[0])
             policy = holder[0]
             policy.load_weights(version, state)
             reports = await evaluate_heldout(policy, suite, splits, cfg.eval.greedy)
@@ -215,26 +216,39 @@ async def run_job(
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
     torch.set_num_threads(cfg.run.torch_threads)
-    policy: Policy | None = None
+    built: list[Policy] = []  # every policy the job builds (the live one, the held-out evaluator's)
     try:
-        return await _run_phases(cfg, run_dir, checkpoint, progress, stop if stop is not None else trio.Event(), wall_started)
+        return await _run_phases(cfg, run_dir, checkpoint, progress, stop if stop is not None else trio.Event(), wall_started, built)
     finally:
-        close = getattr(policy, "close", None)  # optional: a backend holding an engine (vllm) shuts it down
-        if close is not None:
-            with trio.CancelScope(shield=True):  # even on Ctrl-C: no engine process is left behind
-                await trio.to_thread.run_sync(close)
+        with trio.CancelScope(shield=True):  # even on Ctrl-C or a failure: no engine process is left behind
+            await _close_policies(built)
         if events_file is not None:
             configure_logging(None)  # later events (another job, a test) must not write to the closed file
             events_file.close()
 
 
+async def _close_policies(policies: list[Policy]) -> None:
+    """`close()` each policy that has one (optional: a backend holding an engine, vllm, shuts it down); a
+    close that fails is logged and the others still run."""
+    for policy in policies:
+        close = getattr(policy, "close", None)
+        if close is None:
+            continue
+        try:
+            await trio.to_thread.run_sync(close)
+        except Exception as exc:
+            log.warning("policy.close_failed", error=f"{type(exc).__name__}: {exc}")
+
+
 async def _run_phases(
-    cfg: RunConfig, run_dir: Path, checkpoint: dict[str, Any] | None, progress: Progress, stop: trio.Event, wall_started: float
+    cfg: RunConfig, run_dir: Path, checkpoint: dict[str, Any] | None, progress: Progress, stop: trio.Event, wall_started: float,
+    built: list[Policy],
 ) -> JobResult:
     job = dict(checkpoint["job"]) if checkpoint else {}
     suite = build_suite(cfg)
     splits = heldout_tasks(cfg, suite)
     policy, warm_start_s = await _unless_stopped(stop, run_dir, _build_policy, cfg, suite, checkpoint)
+    built.append(policy)
     if "heldout_before" in job:
         before = reports_from_json(job["heldout_before"])
     else:
@@ -256,7 +270,7 @@ async def _run_phases(
                 cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in parts.train}, allocator=parts.allocator,
                 trainer=parts.trainer, run_dir=run_dir, profiler=parts.profiler, metrics=metrics, observers=parts.observers,
                 progress=progress, checkpointer=parts.checkpointer, restore=checkpoint["grpo"] if checkpoint else None, stop=stop,
-                evaluate=_periodic_evaluator(cfg, suite, splits) if cfg.eval.every and splits else None,
+                evaluate=_periodic_evaluator(cfg, suite, splits, built) if cfg.eval.every and splits else None,
             )
     except Exception as exc:
         raise RunFailed(failure_message(exc, run_dir, save_on_failure(parts.checkpointer))) from exc

@@ -139,6 +139,22 @@ def dying_policy(cfg: Any, pretrain: Any, suite: Any, *, seed: int) -> Any:
     return policy
 
 
+CLOSED: list[str] = []
+"""What `closing_policy` policies recorded when the job closed them, one entry per `close()`."""
+
+
+def closing_policy(cfg: Any, pretrain: Any, suite: Any, *, seed: int) -> Any:
+    """`dying_policy` (which dies only with `policy.options.die_after_batches`) with the optional `close()`
+    hook a backend holding an engine (vllm) has: it records each call in `CLOSED`."""
+    options = dict(cfg.options)
+    options.setdefault("die_after_batches", 10**9)
+    import msgspec
+
+    policy = dying_policy(msgspec.structs.replace(cfg, options=options), pretrain, suite, seed=seed)
+    policy.close = lambda: CLOSED.append(f"policy {id(policy)}")
+    return policy
+
+
 def exploding_loss(*args: Any, **kwargs: Any) -> Any:
     """The clipped-ratio loss, except that the learner's 2nd update raises."""
     from learner.losses import LOSSES

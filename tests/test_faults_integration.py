@@ -5,8 +5,9 @@ stop the run with a message that says which part failed, keeping the last checkp
 import json
 
 import pytest
+import trio
 
-from pipeline.job import RunFailed, load, run_job
+from pipeline.job import RunFailed, RunInterrupted, load, run_job
 from pipeline.progress import Progress
 from pipeline.resume import load_state
 from tests import plugin_faults
@@ -63,3 +64,32 @@ async def test_a_full_disk_on_the_run_folder_is_a_clear_message(tmp_path):
     with pytest.raises(RunFailed, match=r"the disk of the run folder is full \(No space left on device") as info:
         await _run(tmp_path, 'stages=[{target = "tests.plugin_faults:FillDisk"}]')
     print(info.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ending", ["finished", "failed", "interrupted"])
+async def test_the_job_closes_every_policy_it_built_however_it_ends(tmp_path, ending):
+    """The backend's optional `close()` (vllm shuts its engine down there) runs for the live policy and the
+    held-out evaluator's, on a normal exit, on a stage failure and on Ctrl-C (once went dead: it closed a
+    name that was never assigned)."""
+    plugin_faults.CLOSED.clear()
+    options = "{layers = 1, d_model = 32, heads = 2, max_len = 128, max_prompt_tokens = 100, bc_eval_tasks = 0%s}"
+    sets = ['policy.backend="tests.plugin_faults:closing_policy"', "eval.every=1", "gate.k=4", "run.name=closing"]
+    if ending == "finished":
+        cfg = load(None, _tiny(tmp_path, *sets, f"policy.options={options % ''}", "run.updates=2"))
+        await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
+    elif ending == "failed":  # the decoder dies during the GRPO phase
+        dies = ", die_after_batches = 5"
+        cfg = load(None, _tiny(tmp_path, *sets, f"policy.options={options % dies}", "run.updates=50", "eval.tasks=0"))
+        with pytest.raises(RunFailed, match="the policy server failed"):
+            await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
+    else:
+        stop = plugin_faults.STOPS["closing"] = trio.Event()
+        observer = 'stages=[{target = "tests.plugin_faults:StopAfter", options = {key = "closing", updates = 1}}]'
+        cfg = load(None, _tiny(tmp_path, *sets, f"policy.options={options % ''}", "run.updates=50", observer))
+        with pytest.raises(RunInterrupted):
+            await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False), stop=stop)
+    assert len(plugin_faults.CLOSED) >= 1
+    assert len(set(plugin_faults.CLOSED)) == len(plugin_faults.CLOSED)  # each closed once
+    if ending == "finished":
+        assert len(plugin_faults.CLOSED) == 2  # the live policy and the periodic evaluator's

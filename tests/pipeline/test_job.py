@@ -35,7 +35,7 @@ async def test_overlapping_periodic_evaluations_take_turns_on_the_one_evaluation
 
     monkeypatch.setattr(job, "build_policy", build_policy)
     monkeypatch.setattr(job, "evaluate_heldout", evaluate_heldout)
-    evaluate = job._periodic_evaluator(RunConfig(), suite=None, splits={"heldout_seen": []})
+    evaluate = job._periodic_evaluator(RunConfig(), suite=None, splits={"heldout_seen": []}, built=[])
     scores = {}
 
     async def one(version):
