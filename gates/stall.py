@@ -7,7 +7,10 @@ zero-variance group is all-fail, and an all-fail group's members wander: their l
 
 s_K = the fraction of progress steps among the last `window` steps (up to step K) of every member still
 running, or 1.0 (never cut) when some member already has reward (the group can no longer be all-fail) or
-no member is still running. Cut iff s_K < tau; checkpoints as the prefix gate's (`gates._checkpoints`).
+no member is still running. "Already has reward" reads every event seen so far, not only the steps before
+K: a member that ran ahead and won after step K makes the group mixed, and a mixed group is never cut.
+(Still online: the gate only ever holds the events that have arrived.) Cut iff s_K < tau; checkpoints as
+the prefix gate's (`gates._checkpoints`).
 """
 
 from __future__ import annotations
@@ -28,21 +31,22 @@ def progress_fraction(steps: Sequence[Sequence[StepEvent]], k: int, window: int)
 
     Args:
         steps: [G][steps so far] each member's events in step order.
-        k: the checkpoint; only steps with step_index < k count.
+        k: the checkpoint; only steps with step_index < k count towards progress.
         window: how many of each member's latest steps count (>= 1).
 
     Returns:
-        A float in [0, 1]; 1.0 when a member has reward or none is still running at k.
+        A float in [0, 1]; 1.0 when a member has reward in any event seen so far (before or after step k)
+        or none is still running at k.
     """
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
+    if any(event.reward > 0 for member in steps for event in member):
+        return 1.0  # a member already succeeded (even after step k): not an all-fail group
     progress = total = 0
     for member in steps:
         prefix = member[:k]
         if not prefix:
             continue
-        if prefix[-1].reward > 0:
-            return 1.0  # a member already succeeded: not an all-fail group
         if prefix[-1].done:
             continue  # ended without reward before k: no say in whether the rest are stuck
         for event in prefix[-window:]:

@@ -30,6 +30,20 @@ def test_a_member_with_reward_means_never_cut():
     assert progress_fraction(steps, 3, 3) == 1.0
 
 
+def test_a_member_that_won_after_k_means_never_cut_at_k():
+    # Member 0 ran ahead and won at step 5; member 1 only now reaches K=3. The group is known to be mixed.
+    steps = [_member(0, "iiiiip", done_at=5, reward=1.0), _member(1, "iii")]
+    assert progress_fraction(steps, 3, 3) == 1.0
+
+
+def test_gate_keeps_a_group_whose_fast_member_already_won():
+    gate = StallGate(StallGate.Options(k=3, tau=0.5, window=3))
+    gate.open(1, 2)
+    fast, slow = _member(0, "iiiiip", done_at=5, reward=1.0), _member(1, "iii")
+    decisions = [d for e in [*fast, *slow] if (d := gate.observe(e)) is not None]  # the fast member first
+    assert [(d.checkpoint, d.value, d.cut) for d in decisions] == [(3, 1.0, False)]
+
+
 def test_members_that_ended_without_reward_have_no_say():
     steps = [_member(0, "iii"), _member(1, "pp", done_at=1)]
     assert progress_fraction(steps, 3, 3) == 0.0
