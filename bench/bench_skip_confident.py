@@ -57,7 +57,7 @@ def play_groups(policy, suite, tasks, seed: int) -> list[GroupResult]:
             action = parse_action(fmt.tokenizer.decode(sample.token_ids), context.admissible, fuzzy_cutoff=sampling.fuzzy_cutoff)
             choices = sampling.choices(fmt, context.admissible) if sampling.choose_admissible else []
             turns[i].append(Turn(prompt_ids=prompt, token_ids=sample.token_ids, logprobs=sample.logprobs, action=action,
-                                 policy_version=0, choices=choices))
+                                 policy_version=0, choices=choices, nucleus=sample.nucleus))
             actions.append(action)
         return actions
 

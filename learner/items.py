@@ -31,6 +31,8 @@ class TrainItem:
     admissible: bool = True
     choices: list[list[int]] = field(default_factory=list)
     """What the turn's decoding was constrained to (`Turn.choices`); [] = unconstrained."""
+    nucleus: list[int] = field(default_factory=list)
+    """Each token's nucleus size at sampling (`Turn.nucleus`); [] = not recorded."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +97,7 @@ def build_items(
                 items.append(
                     TrainItem(
                         turn.prompt_ids, turn.token_ids, turn.logprobs, advantage, trajectory_index, lag,
-                        turn.admissible, turn.choices,
+                        turn.admissible, turn.choices, turn.nucleus,
                     )
                 )
     counts = ItemCounts(dropped_stale=stale, zero_advantage=zero, turns=turns, invalid_actions=invalid, step_signal=step_signal)

@@ -210,7 +210,7 @@ class Trainer:
             chunk = batch[lo : lo + self.cfg.micro_batch]
             scores = self.model.completion_logprobs(
                 [it.prompt_ids for it in chunk], [it.token_ids for it in chunk],
-                temperature=self.temperature, top_p=self.top_p, **_constraints(chunk),
+                temperature=self.temperature, top_p=self.top_p, **_recorded(chunk),
             )  # [c, T] each
             old = _padded([it.old_logprobs for it in chunk], scores.logprobs.shape[1])  # [c, T]
             advantages = torch.tensor([it.advantage for it in chunk], dtype=torch.float32)  # [c]
@@ -238,7 +238,7 @@ class Trainer:
         with torch.no_grad():
             ref = self.reference.completion_logprobs(
                 [it.prompt_ids for it in chunk], [it.token_ids for it in chunk],
-                temperature=self.temperature, top_p=self.top_p, **_constraints(chunk),
+                temperature=self.temperature, top_p=self.top_p, **_recorded(chunk),
             ).logprobs  # [c, T]
         log_ratio = ref - logprobs  # [c, T]
         return (log_ratio.exp() - log_ratio - 1) * mask
@@ -287,9 +287,13 @@ def _copied(weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in weights.items()}
 
 
-def _constraints(chunk: list[TrainItem]) -> dict[str, Any]:
-    """`choices=` for `completion_logprobs` when some turn's decoding was constrained, else nothing (so a
-    model that cannot constrain decoding is never asked to)."""
-    if not any(it.choices for it in chunk):
-        return {}
-    return {"choices": [it.choices for it in chunk]}
+def _recorded(chunk: list[TrainItem]) -> dict[str, Any]:
+    """What sampling recorded that scoring needs, for `completion_logprobs`: `choices=` when some turn's
+    decoding was constrained, `nucleus=` when some turn recorded its nucleus sizes; nothing otherwise (so a
+    model that cannot constrain decoding, or whose sampler reports no nucleus, is never asked to)."""
+    out: dict[str, Any] = {}
+    if any(it.choices for it in chunk):
+        out["choices"] = [it.choices for it in chunk]
+    if any(it.nucleus for it in chunk):
+        out["nucleus"] = [it.nucleus for it in chunk]
+    return out

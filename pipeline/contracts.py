@@ -78,10 +78,15 @@ class TrainableModel(Protocol):
         temperature: float = 1.0,
         top_p: float = 1.0,
         choices: Sequence[Sequence[Sequence[int]]] | None = None,
+        nucleus: Sequence[Sequence[int]] | None = None,
     ) -> CompletionScores:
         """Per-token log-probs of each completion given its prompt, under the (temperature, top-p)
         distribution the rollouts sampled from (`stages.policy.sampling.sampled_logprobs`): at unchanged
         weights they equal the `ActResult.logprobs` recorded at sampling. T is the longest completion.
         `choices` (per completion, `ActResult.choices`) is passed only when some decoding was constrained
-        (`stages.policy.choices`); a backend that cannot constrain decoding never receives it."""
+        (`stages.policy.choices`); a backend that cannot constrain decoding never receives it. `nucleus`
+        (per completion, `ActResult.nucleus`: each token's nucleus size at sampling, [] = none recorded) is
+        passed only when some turn recorded one: the token is then scored under that many most likely
+        tokens, so the ratio is 1 at unchanged weights whatever the batch; a backend whose sampler does not
+        report its nucleus (vLLM) never receives it."""
         ...

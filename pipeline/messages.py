@@ -121,6 +121,10 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     """A digest of the state the turn acted in (its observation and admissible commands, `state_anchor`):
     turns of one group with equal anchors acted in the same state, which step-level advantages (GiGPO)
     compare. "" = unknown (never grouped)."""
+    nucleus: list[int] = []
+    """Each token's nucleus size at sampling (`ActResult.nucleus`): the learner scores the token under the
+    same number of most likely tokens, so its ratio is 1 at unchanged weights whatever shares its batch.
+    [] = not recorded (the learner applies the top-p rule)."""
 
 
 class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
@@ -253,6 +257,7 @@ class ActReply(_Message):
     policy_version: int = 0
     choices: list[list[int]] = []
     error: str = ""
+    nucleus: list[int] = []
 
 
 class WorkerReady(_Message):

@@ -117,6 +117,7 @@ async def play_episode(
             admissible=not observation.admissible or act.action in observation.admissible,
             choices=act.choices,
             anchor=state_anchor(observation.text, observation.admissible),
+            nucleus=act.nucleus,
         )
         episode.turns.append(turn)
         with _span(profiler, "env_step"):

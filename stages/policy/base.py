@@ -43,6 +43,9 @@ class ActResult:
     policy_version: int
     choices: list[list[int]] = field(default_factory=list)
     """The token sequences decoding was constrained to (`stages.policy.choices`); [] = unconstrained."""
+    nucleus: list[int] = field(default_factory=list)
+    """Each token's nucleus size at sampling (`stages.policy.sampling.nucleus_sizes`); [] = not recorded
+    (no top-p, or a backend that does not report it: the learner then applies the top-p rule)."""
 
 
 @runtime_checkable

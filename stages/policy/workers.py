@@ -157,7 +157,7 @@ class WorkerPoolPolicy:
             raise PolicyWorkerError(f"decoding worker {reply.worker}: {reply.error}")
         return ActResult(
             action=reply.action, text=reply.text, prompt_ids=reply.prompt_ids, token_ids=reply.token_ids,
-            logprobs=reply.logprobs, policy_version=reply.policy_version, choices=reply.choices,
+            logprobs=reply.logprobs, policy_version=reply.policy_version, choices=reply.choices, nucleus=reply.nucleus,
         )
 
     def load_weights(self, version: int, state: Mapping[str, Any]) -> None:

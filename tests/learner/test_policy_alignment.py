@@ -44,10 +44,10 @@ def _policy(show_admissible: bool, choose_admissible: bool, choose_by: str = "to
     model = TinyLM(ModelConfig(vocab_size=len(tokenizer), pad_id=tokenizer.pad_id, layers=2, d_model=64, heads=2, max_len=104))
     model.choose_by = choose_by
     sampling = SamplingConfig(
-        # Batches close when all 4 rollouts' requests are in (max_batch) and torch runs on one thread, so
-        # the decoding's float rounding, and with it the top-p nucleus at its boundary, is the same every
-        # run: with a 0.5 ms window the batch sizes followed the machine's load, and one token in a
-        # full-suite run fell on the other side of the nucleus boundary (a 4e-3 log-prob difference).
+        # Batches close when all 4 rollouts' requests are in (max_batch), so a run is the same whatever the
+        # load. Whatever the batches, the learner scores each token under the nucleus recorded with it
+        # (`Turn.nucleus`): a token at the nucleus boundary cannot flip between sampling and learning (it
+        # did, under load: a 4e-3 log-prob difference).
         temperature=TEMPERATURE, top_p=TOP_P, max_new_tokens=12, max_batch=4, max_wait_ms=200,
         choose_admissible=choose_admissible,
     )
@@ -114,6 +114,7 @@ def test_learner_logprobs_equal_the_sampling_logprobs_for_every_token(rolled) ->
     policy, _, _, result = rolled
     learner = policy.trainable()
     turns = [t for tr in result.trajectories for t in tr.turns]
+    assert all(len(t.nucleus) == len(t.token_ids) for t in turns)  # recorded with every token
     scores = learner.completion_logprobs(
         [t.prompt_ids for t in turns], [t.token_ids for t in turns], temperature=TEMPERATURE, top_p=TOP_P,
         **_choices(turns),
@@ -129,7 +130,10 @@ def test_learner_logprobs_equal_the_sampling_logprobs_for_every_token(rolled) ->
 
 
 def _choices(turns) -> dict:
-    return {"choices": [t.choices for t in turns]} if any(t.choices for t in turns) else {}
+    """What sampling recorded for scoring, passed as the trainer passes it: the nucleus, and the choices when
+    decoding was constrained."""
+    out = {"nucleus": [t.nucleus for t in turns]}
+    return out | {"choices": [t.choices for t in turns]} if any(t.choices for t in turns) else out
 
 
 def test_one_update_raises_the_winner_and_lowers_the_loser(rolled) -> None:

@@ -1,5 +1,7 @@
 """The GRPO update on a fixed batch: loss goes down, parameters move, the figures and stops act."""
 
+import copy
+
 import pytest
 import torch
 
@@ -7,7 +9,8 @@ from learner.items import build_items
 from learner.losses import clipped_ratio_loss
 from learner.trainer import Trainer, published_weights
 from pipeline.config import LearnerSection
-from pipeline.messages import GroupResult, Trajectory, Turn
+from pipeline.messages import GroupResult, Trajectory, TrajectoryStatus, Turn
+from stages.policy.sampling import nucleus_sizes, sampled_logprobs
 
 from .toy_model import BigramModel
 from .toy_model import toy_group as _group
@@ -228,3 +231,39 @@ def test_confident_turns_are_skipped_and_the_rest_keep_their_weights():
 
 def test_skip_confident_must_be_a_probability_below_one():
     assert "learner.skip_confident must be in [0, 1)" in LearnerSection(skip_confident=1.0).problems()
+
+
+def test_each_turn_is_scored_under_the_nucleus_its_sampling_recorded():
+    """The sampler's forward and the learner's round differently (other batch, other shapes; here the
+    sampler's weights sit 2e-6 away). At a top_p where that decides whether the top-p rule keeps a
+    boundary token, the learner scores under the nucleus sizes the turn recorded: the ratio stays 1."""
+    model = BigramModel(seed=2)
+    sampler = copy.deepcopy(model)
+    with torch.no_grad():
+        sampler.table.weight.add_(2e-6)
+        sampler.table.weight[:, 0].sub_(4e-6)
+    temperature, prompt, completion = 0.7, [1, 2], [3, 4, 5]
+    previous = torch.tensor([prompt[-1], *completion[:-1]])  # [T]
+
+    def before(m):  # [T, V] mass of the tokens more likely than each rank, as the top-p rule computes it
+        with torch.no_grad():
+            p = torch.log_softmax(m.table(previous) / temperature, dim=-1).exp().sort(dim=-1, descending=True).values
+        return p.cumsum(dim=-1) - p
+
+    sampled, learned = before(sampler), before(model)
+    top_p = float(torch.maximum(sampled, learned)[(sampled != learned) & (sampled > 0.5) & (sampled < 0.99)][0])  # the rule keeps a token for one only
+    with torch.no_grad():
+        logits = sampler.table(previous)  # [T, V]
+        nucleus = nucleus_sizes(logits, temperature=temperature, top_p=top_p)  # [T]
+        old = sampled_logprobs(logits, torch.tensor(completion), temperature=temperature, top_p=top_p, nucleus=nucleus)
+    turn = Turn(prompt_ids=prompt, token_ids=completion, logprobs=old.tolist(), action="a", policy_version=0,
+                nucleus=nucleus.tolist())
+    group = GroupResult(group_id=0, task_id="t", cut=False, trajectories=[
+        Trajectory(rollout_index=i, turns=[turn], reward=float(i), success=bool(i), status=TrajectoryStatus.COMPLETE)
+        for i in range(2)
+    ])
+    cfg = LearnerSection(lr=0.05, max_items=0)
+    _, stats = Trainer(model, cfg, clipped_ratio_loss, temperature=temperature, top_p=top_p).update([group])
+    assert stats["learner/approx_kl"] < 1e-10 and stats["learner/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    by_rule = model.completion_logprobs([prompt], [completion], temperature=temperature, top_p=top_p).logprobs[0]
+    assert float((by_rule.detach() - old).abs().max()) > 1e-3  # what scoring by the top-p rule would have given

@@ -14,7 +14,7 @@ class BigramModel(torch.nn.Module):
         torch.manual_seed(seed)
         self.table = torch.nn.Embedding(vocab, vocab)
 
-    def completion_logprobs(self, prompts, completions, *, temperature=1.0, top_p=1.0):
+    def completion_logprobs(self, prompts, completions, *, temperature=1.0, top_p=1.0, nucleus=None):
         width = max(len(c) for c in completions)
         logprobs = torch.zeros(len(completions), width)
         entropy = torch.zeros(len(completions), width)
@@ -22,9 +22,10 @@ class BigramModel(torch.nn.Module):
         for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
             previous = torch.tensor([prompt[-1], *completion[:-1]])  # [T]
             logits = self.table(previous)  # [T, V]
-            row = sampled_logprobs(logits, torch.tensor(completion), temperature=temperature, top_p=top_p)  # [T]
+            sizes = torch.tensor(nucleus[i]) if nucleus and nucleus[i] else None  # [T] recorded at sampling
+            row = sampled_logprobs(logits, torch.tensor(completion), temperature=temperature, top_p=top_p, nucleus=sizes)  # [T]
             logprobs = logprobs.index_put((torch.tensor([i]), torch.arange(len(row))), row)
-            entropy[i, : len(row)] = sampling_entropy(logits, temperature=temperature, top_p=top_p)
+            entropy[i, : len(row)] = sampling_entropy(logits, temperature=temperature, top_p=top_p, nucleus=sizes)
             mask[i, : len(row)] = 1.0
         return CompletionScores(logprobs, mask, entropy)
 

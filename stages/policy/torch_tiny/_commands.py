@@ -142,15 +142,18 @@ def every_row_scores(
     return sums[:, : packed.commands].masked_fill(~present, float("-inf"))
 
 
-def command_logdist(scores: torch.Tensor, chosen: torch.Tensor, *, temperature: float, top_p: float) -> torch.Tensor:
-    """log pi over the commands [N, K] (float64): softmax(scores / T) in the top-p nucleus, widened to
-    `chosen` [N] (as `stages.policy.sampling` widens it to a scored token); -inf outside. T <= 0: T = 1."""
+def command_logdist(
+    scores: torch.Tensor, chosen: torch.Tensor, *, temperature: float, top_p: float, nucleus: torch.Tensor | None = None
+) -> torch.Tensor:
+    """log pi over the commands [N, K] (float64): softmax(scores / T) in the top-p nucleus (or the `nucleus`
+    [N] most likely commands recorded at sampling, 0: the rule), widened to `chosen` [N] (as
+    `stages.policy.sampling` widens it to a scored token); -inf outside. T <= 0: T = 1."""
     if temperature <= 0:
         temperature, top_p = 1.0, 1.0
     logp = torch.log_softmax(scores.double() / temperature, dim=-1)  # [N, K]
     if top_p < 1.0:
         with torch.no_grad():
-            kept = nucleus_mask(logp, top_p)  # [N, K]
+            kept = nucleus_mask(logp, top_p, nucleus)  # [N, K]
             kept.scatter_(-1, chosen[:, None], True)
         logp = logp.masked_fill(~kept, float("-inf"))
         logp = logp - torch.logsumexp(logp, dim=-1, keepdim=True)
@@ -203,9 +206,10 @@ def chosen_factors(
     temperature: float,
     top_p: float,
     vocab: int,
+    nucleus: torch.Tensor | None = None,  # [N] recorded command-nucleus sizes (0: the top-p rule)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token log-probs and entropies [N, width] of each row's chosen command under the command policy."""
-    logdist = command_logdist(scores, chosen, temperature=temperature, top_p=top_p)  # [N, K]
+    logdist = command_logdist(scores, chosen, temperature=temperature, top_p=top_p, nucleus=nucleus)  # [N, K]
     options = padded_commands(choices, width).to(scores.device)  # [N, K, width]
     picked = options[torch.arange(len(choices), device=scores.device), chosen]  # [N, width]
     return token_factors(logdist, options, picked, vocab)

@@ -6,19 +6,22 @@ the row's uniform, so a request's tokens depend on its own row only and not on w
 its batch (padding changes logits only by float rounding, ~1e-6).
 
 Recorded log-probs are those of the distribution each token was sampled from (temperature-scaled, top-p
-renormalised; `stages.policy.sampling`), the same quantity the learner recomputes.
+renormalised; `stages.policy.sampling`), the same quantity the learner recomputes. With each token its
+nucleus size is recorded: the token is drawn from, and its log-prob taken under, the k most likely tokens
+of that step, and the learner scores it under the same k, so a last-bit difference between this batch's
+logits and the learner's cannot move a boundary token in or out of the nucleus.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from stages.policy.choices import ChoiceTrie, mask_logits, step_mask
-from stages.policy.sampling import sampled_logprobs
+from stages.policy.sampling import nucleus_sizes, sampled_logprobs
 
 from ._commands import chosen_factors, command_scores
 from ._model import KVCache, TinyLM
@@ -29,6 +32,9 @@ class Sample:
     token_ids: list[int]
     """Generated ids, ending with the stop token when one was generated."""
     logprobs: list[float]
+    nucleus: list[int] = field(default_factory=list)
+    """Each token's nucleus size (`stages.policy.sampling.nucleus_sizes`); [] when the distribution has no
+    nucleus (top_p = 1 or temperature <= 0)."""
 
 
 def choose_tokens(
@@ -38,15 +44,19 @@ def choose_tokens(
     *,
     temperature: float,
     top_p: float,
+    nucleus: torch.Tensor | None = None,  # [B] sizes
 ) -> torch.Tensor:
-    """One token per row [B]: argmax where `greedy` (or temperature 0), else inverse-CDF top-p sampling."""
+    """One token per row [B]: argmax where `greedy` (or temperature 0), else inverse-CDF sampling within the
+    row's nucleus (`nucleus` sizes, default the top-p rule's on these logits)."""
     argmax = logits.argmax(dim=-1)  # [B]
     if temperature <= 0 or bool(greedy.all()):
         return argmax
+    if nucleus is None:
+        nucleus = nucleus_sizes(logits, temperature=temperature, top_p=top_p)  # [B]
     probs = F.softmax(logits.float() / temperature, dim=-1)  # [B, V]
     sorted_p, order = probs.sort(dim=-1, descending=True)  # [B, V]
-    before = sorted_p.cumsum(dim=-1) - sorted_p  # [B, V] mass of strictly more likely tokens
-    kept = torch.where(before < top_p, sorted_p, torch.zeros_like(sorted_p))  # [B, V] nucleus (>= 1 token)
+    rank = torch.arange(logits.shape[-1], device=logits.device)  # [V]
+    kept = torch.where(rank < nucleus[:, None], sorted_p, torch.zeros_like(sorted_p))  # [B, V] nucleus (>= 1 token)
     cdf = kept.cumsum(dim=-1)  # [B, V]
     target = uniforms[:, None].to(cdf.dtype) * cdf[:, -1:]  # [B, 1]
     rank = torch.searchsorted(cdf, target, right=True).clamp(max=logits.shape[-1] - 1)  # [B, 1]
@@ -115,15 +125,18 @@ def _decode_tokens(
     h = model.hidden(ids, positions, key_mask[:, :P], cache, start=0)[:, -1]  # [B, D]
     tokens = torch.empty(B, max_new_tokens, dtype=torch.long)  # [B, N]
     logps = torch.empty(B, max_new_tokens)  # [B, N]
+    nuclei = torch.empty(B, max_new_tokens, dtype=torch.long)  # [B, N]
     done = torch.zeros(B, dtype=torch.bool)  # [B]
     steps = 0
     for t in range(max_new_tokens):
         logits = model.logits(h).float()  # [B, V]
         if tries is not None:
             logits = mask_logits(logits, step_mask(tries, tokens[:, :t].tolist(), logits.shape[-1]))
-        tok = choose_tokens(logits, uniforms[:, t], greedy_t, temperature=temperature, top_p=top_p)  # [B]
+        sizes = nucleus_sizes(logits, temperature=temperature, top_p=top_p)  # [B]
+        tok = choose_tokens(logits, uniforms[:, t], greedy_t, temperature=temperature, top_p=top_p, nucleus=sizes)  # [B]
         tokens[:, t] = tok
-        logps[:, t] = sampled_logprobs(logits, tok, temperature=temperature, top_p=top_p)
+        logps[:, t] = sampled_logprobs(logits, tok, temperature=temperature, top_p=top_p, nucleus=sizes)
+        nuclei[:, t] = sizes
         steps = t + 1
         done |= torch.isin(tok, stops)
         if bool(done.all()) or steps == max_new_tokens:
@@ -132,11 +145,16 @@ def _decode_tokens(
         h = model.hidden(tok[:, None], next_pos[:, None], key_mask[:, : col + 1], cache, start=col)[:, -1]
         next_pos = next_pos + 1
 
+    recorded = _has_nucleus(temperature, top_p)
     samples = []
-    for row, lp in zip(tokens[:, :steps].tolist(), logps[:, :steps].tolist(), strict=True):
+    for row, lp, k in zip(tokens[:, :steps].tolist(), logps[:, :steps].tolist(), nuclei[:, :steps].tolist(), strict=True):
         end = next((j + 1 for j, x in enumerate(row) if x in stop_ids), len(row))
-        samples.append(Sample(row[:end], lp[:end]))
+        samples.append(Sample(row[:end], lp[:end], k[:end] if recorded else []))
     return samples
+
+
+def _has_nucleus(temperature: float, top_p: float) -> bool:
+    return temperature > 0 and top_p < 1.0
 
 
 @torch.inference_mode()
@@ -166,11 +184,14 @@ def generate_uncached(
         key_mask = torch.arange(L)[None, :] >= (L - lengths)[:, None]  # [B', L]
         positions = (key_mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # [B', L]
         logits = model.logits(model.hidden(ids, positions, key_mask)[:, -1]).float()  # [B', V]
-        tok = choose_tokens(logits, uniforms[live, t], greedy_t[live], temperature=temperature, top_p=top_p)
-        logp = sampled_logprobs(logits, tok, temperature=temperature, top_p=top_p)  # [B']
+        sizes = nucleus_sizes(logits, temperature=temperature, top_p=top_p)  # [B']
+        tok = choose_tokens(logits, uniforms[live, t], greedy_t[live], temperature=temperature, top_p=top_p, nucleus=sizes)
+        logp = sampled_logprobs(logits, tok, temperature=temperature, top_p=top_p, nucleus=sizes)  # [B']
         for j, i in enumerate(live):
             out[i].token_ids.append(int(tok[j]))
             out[i].logprobs.append(float(logp[j]))
+            if _has_nucleus(temperature, top_p):
+                out[i].nucleus.append(int(sizes[j]))
             rows[i].append(int(tok[j]))
         live = [i for i in live if out[i].token_ids[-1] not in stop_ids]
         if not live:
@@ -191,9 +212,11 @@ def _draw_commands(
 ) -> list[Sample]:
     """One whole command per row (`_commands.py`), recorded with its next-token log-probs."""
     scores = command_scores(model, prompts, choices)  # [n, K]
-    picked = choose_tokens(scores, uniforms, torch.tensor(list(greedy)), temperature=temperature, top_p=top_p)  # [n]
+    sizes = nucleus_sizes(scores.double(), temperature=temperature, top_p=top_p)  # [n] commands in each nucleus
+    picked = choose_tokens(scores, uniforms, torch.tensor(list(greedy)), temperature=temperature, top_p=top_p, nucleus=sizes)  # [n]
     logp, _ = chosen_factors(
-        scores, choices, picked, width, temperature=temperature, top_p=top_p, vocab=model.cfg.vocab_size
+        scores, choices, picked, width, temperature=temperature, top_p=top_p, vocab=model.cfg.vocab_size, nucleus=sizes
     )  # [n, width]
     commands = [list(options[int(j)]) for options, j in zip(choices, picked, strict=True)]
-    return [Sample(c, logp[r, : len(c)].tolist()) for r, c in enumerate(commands)]
+    recorded = _has_nucleus(temperature, top_p)
+    return [Sample(c, logp[r, : len(c)].tolist(), [int(sizes[r])] * len(c) if recorded else []) for r, c in enumerate(commands)]

@@ -7,6 +7,8 @@ count real tokens only, so a padded row computes what it would compute alone (up
 Log-prob convention: `completion_logprobs(..., temperature, top_p)` is the log-prob of each token under
 the distribution rollouts sample from (`stages.policy.sampling`), the same quantity `generate` records, so
 the importance ratio `exp(new - old)` is exactly 1 (up to float rounding) while the weights are unchanged.
+Given the nucleus sizes sampling recorded (`nucleus=`, `Turn.nucleus`) it scores under them, so the
+ratio stays 1 whatever else shares the batch (`stages.policy.sampling`).
 Behaviour cloning scores at temperature 1 over the whole vocabulary (the defaults).
 """
 
@@ -158,6 +160,7 @@ class TinyLM(nn.Module):
         temperature: float = 1.0,
         top_p: float = 1.0,
         choices: Sequence[Sequence[Sequence[int]]] | None = None,
+        nucleus: Sequence[Sequence[int]] | None = None,
     ) -> CompletionScores:
         """Log-probs [N, T] of each completion token under the (temperature, top-p) sampling distribution,
         their mask [N, T] and the distribution's entropy [N, T].
@@ -165,12 +168,16 @@ class TinyLM(nn.Module):
         Sequences are right-padded, so each row's positions are 0..len-1 as in generation, and the head
         is applied only at the positions that predict a completion token. With `choices` (per completion,
         the token sequences its decoding was constrained to; `stages.policy.choices`), the distribution is
-        the constrained one the tokens were sampled from.
+        the constrained one the tokens were sampled from. With `nucleus` (per completion, each token's
+        nucleus size recorded at sampling, `Sample.nucleus`; [] = the top-p rule) each token is scored
+        under that many most likely tokens.
         """
         if len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+        if nucleus is not None and any(k and len(k) != len(c) for k, c in zip(nucleus, completions, strict=True)):
+            raise ValueError("a recorded nucleus must have one size per completion token (or none)")
         if choices is not None and self.choose_by == "command":
-            return self._command_logprobs(prompts, completions, choices, temperature=temperature, top_p=top_p)
+            return self._command_logprobs(prompts, completions, choices, temperature=temperature, top_p=top_p, nucleus=nucleus)
         seqs = [[*p, *c] for p, c in zip(prompts, completions, strict=True)]
         if any(len(s) > self.cfg.max_len for s in seqs):
             raise ValueError(f"a prompt + completion is longer than max_len={self.cfg.max_len}")
@@ -194,8 +201,9 @@ class TinyLM(nn.Module):
             allowed = completion_mask(choices, completions, T, logits.shape[-1]).to(device)  # [N, T, V]
             logits = mask_logits(logits, allowed)
         targets = ids.gather(1, targets_at)  # [N, T]
-        token_logp = sampled_logprobs(logits, targets, temperature=temperature, top_p=top_p)  # [N, T]
-        entropy = sampling_entropy(logits, temperature=temperature, top_p=top_p)  # [N, T]
+        sizes = None if nucleus is None else _padded_sizes(nucleus, T).to(device)  # [N, T]
+        token_logp = sampled_logprobs(logits, targets, temperature=temperature, top_p=top_p, nucleus=sizes)  # [N, T]
+        entropy = sampling_entropy(logits, temperature=temperature, top_p=top_p, nucleus=sizes)  # [N, T]
         mask = mask.to(device=device, dtype=token_logp.dtype)
         return CompletionScores(token_logp * mask, mask, entropy * mask)
 
@@ -207,9 +215,11 @@ class TinyLM(nn.Module):
         *,
         temperature: float,
         top_p: float,
+        nucleus: Sequence[Sequence[int]] | None,
     ) -> CompletionScores:
         """`completion_logprobs` under the command policy (`_commands.py`) for the rows whose completion is
-        one of their choices; the others (decoded free) are scored token by token."""
+        one of their choices; the others (decoded free) are scored token by token. A command's recorded
+        nucleus is its command nucleus, the same size for each of its tokens."""
         T = max(1, max(len(c) for c in completions))
         by_command = [i for i, (c, options) in enumerate(zip(completions, choices, strict=True)) if list(c) in options]
         rest = sorted(set(range(len(completions))) - set(by_command))
@@ -221,19 +231,29 @@ class TinyLM(nn.Module):
             options = [choices[i] for i in by_command]
             scores = command_scores(self, [prompts[i] for i in by_command], options)  # [n, K]
             chosen = torch.tensor([o.index(list(completions[i])) for i, o in zip(by_command, options, strict=True)])
+            sizes = None if nucleus is None else torch.tensor([nucleus[i][0] if nucleus[i] else 0 for i in by_command])  # [n]
             lp, ent = chosen_factors(scores, options, chosen.to(device), T, temperature=temperature, top_p=top_p,
-                                     vocab=self.cfg.vocab_size)  # [n, T] each
+                                     vocab=self.cfg.vocab_size, nucleus=None if sizes is None else sizes.to(device))  # [n, T] each
             logp = logp.index_put((torch.tensor(by_command, device=device),), lp)
             entropy = entropy.index_put((torch.tensor(by_command, device=device),), ent)
         if rest:
             free = self.completion_logprobs(
-                [prompts[i] for i in rest], [completions[i] for i in rest], temperature=temperature, top_p=top_p
+                [prompts[i] for i in rest], [completions[i] for i in rest], temperature=temperature, top_p=top_p,
+                nucleus=None if nucleus is None else [nucleus[i] for i in rest],
             )  # decoded free: no choices, so scored token by token
             index = (torch.tensor(rest, device=device),)
             width = (0, T - free.logprobs.shape[1])
             logp = logp.index_put(index, F.pad(free.logprobs, width))
             entropy = entropy.index_put(index, F.pad(free.entropy, width))
         return CompletionScores(logp * mask, mask, entropy * mask)
+
+
+def _padded_sizes(nucleus: Sequence[Sequence[int]], width: int) -> torch.Tensor:
+    """Recorded nucleus sizes [N, width], 0 (the top-p rule) where none was recorded."""
+    out = torch.zeros(len(nucleus), width, dtype=torch.long)
+    for i, sizes in enumerate(nucleus):
+        out[i, : len(sizes)] = torch.tensor(list(sizes), dtype=torch.long)
+    return out
 
 
 def attention_mask(key_mask: torch.Tensor | None, T: int, start: int, device: torch.device) -> torch.Tensor:

@@ -266,6 +266,7 @@ class TorchTinyPolicy:
                     logprobs=sample.logprobs,
                     policy_version=version,
                     choices=options,
+                    nucleus=sample.nucleus,
                 )
             )
         return results

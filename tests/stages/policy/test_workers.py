@@ -64,6 +64,7 @@ def test_the_pool_answers_what_one_local_policy_answers(setup):
     got = trio.run(_answers, pool, contexts, numbers)
     assert [r.token_ids for r in got] == [r.token_ids for r in expected]
     assert [r.action for r in got] == [r.action for r in expected]
+    assert [r.nucleus for r in got] == [r.nucleus for r in expected] and all(r.nucleus for r in got)
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
     assert pool.statistics().answered == len(contexts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -156,3 +157,34 @@ def test_repeated_rows_are_encoded_once_and_score_and_train_as_if_apart(model: T
     apart, grad_apart = scores_and_grad(one_call=False)
     torch.testing.assert_close(together, apart, atol=1e-5, rtol=0)
     torch.testing.assert_close(grad_together, grad_apart, atol=1e-5, rtol=1e-4)
+
+
+
+def test_a_drawn_command_is_rescored_exactly_under_its_recorded_nucleus_at_every_boundary(model: TinyLM) -> None:
+    """The command nucleus recorded at the draw is the one the learner scores under. The learner's forward
+    rounds differently from the sampler's (another batch, other shapes: here the weights are nudged by
+    1e-6, a rounding-sized change); the top-p rule recomputed there flips at a nucleus boundary, the
+    recorded nucleus does not."""
+    model.choose_by = "command"
+    prompt, options = PROMPTS[0], CHOICES[0]
+    learner = copy.deepcopy(model)
+    with torch.no_grad():
+        learner.ln_f.weight.mul_(1 + 1e-6)
+        logp = command_logdist(command_scores(model, [prompt], [options]), torch.tensor([0]), temperature=0.7, top_p=1.0)[0]
+    p = logp.exp().sort(descending=True).values  # [K]
+    before = (p.cumsum(dim=-1) - p)[1:]  # [K - 1] the nucleus boundaries
+    top_ps = {float(x) for x in torch.cat([before, torch.nextafter(before, torch.ones_like(before))])}
+    rule_flips = 0
+    for top_p in sorted(x for x in top_ps if 0 < x < 1):
+        for u in (0.0, 0.5, 0.99):
+            drawn = generate(model, [prompt], uniforms=torch.full((1, 6), u), greedy=[False], max_new_tokens=6,
+                             temperature=0.7, top_p=top_p, stop_ids=(2,), choices=[options])[0]
+            assert drawn.token_ids in options and len(drawn.nucleus) == len(drawn.token_ids)
+            n, recorded = len(drawn.token_ids), torch.tensor(drawn.logprobs)
+            kwargs = {"temperature": 0.7, "top_p": top_p, "choices": [options]}
+            with torch.no_grad():
+                scored = learner.completion_logprobs([prompt], [drawn.token_ids], nucleus=[drawn.nucleus], **kwargs)
+                by_rule = learner.completion_logprobs([prompt], [drawn.token_ids], **kwargs)
+            torch.testing.assert_close(scored.logprobs[0, :n], recorded, atol=1e-5, rtol=0)
+            rule_flips += float((by_rule.logprobs[0, :n] - recorded).abs().max()) > 1e-3
+    assert rule_flips > 0

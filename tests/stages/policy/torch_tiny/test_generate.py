@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from stages.policy.torch_tiny import TinyLM, generate
 from stages.policy.torch_tiny._generate import choose_tokens, generate_uncached
@@ -154,3 +155,39 @@ def test_constrained_decoding_emits_only_choices_and_the_learner_scores_it_exact
     assert not torch.allclose(free.logprobs[0::3], recorded[0::3], atol=1e-3)
     # The single-choice prompt is certain: every token has log-prob 0 under the constraint.
     assert float(scored.logprobs[1::3].detach().abs().max()) < 1e-6
+
+
+def _boundary_top_ps(logits: torch.Tensor, temperature: float) -> list[float]:
+    """top_p values at each rank's nucleus boundary (the mass before it, and the next float up), where a
+    last-bit difference between two forwards decides whether the top-p rule keeps that token."""
+    p = F.log_softmax(logits.float() / temperature, dim=-1).exp().sort(descending=True).values  # [V]
+    before = (p.cumsum(dim=-1) - p)[1:]  # [V - 1]
+    up = torch.nextafter(before, torch.ones_like(before))
+    return sorted({float(x) for x in torch.cat([before, up]) if 0 < float(x) < 1})
+
+
+def test_a_sampled_completion_is_rescored_exactly_alone_and_beside_longer_turns_at_every_nucleus_boundary(
+    model: TinyLM,
+) -> None:
+    """Sampling's forward (KV-cached, left-padded) and the learner's (full, right-padded, beside longer turns)
+    differ in the last bits; at a nucleus boundary that flipped the top-p rule (a 4e-3 log-prob difference in
+    a full-suite run). Scored under the nucleus recorded with each token, the ratio is 1 whatever the batch."""
+    prompt, temperature = PROMPTS[0], 0.7
+    longer = [(list(range(1, 20)), [3, 5, 6, 7, 8, 9]), (list(range(3, 30)), [10, 11, 2])]
+    with torch.no_grad():
+        first = model(torch.tensor([prompt]))[0, -1]  # [V] the logits of the first sampled token
+    rule_flips = 0
+    for top_p in _boundary_top_ps(first, temperature):
+        sample = _run(model, [prompt], temperature=temperature, top_p=top_p)[0]
+        assert len(sample.nucleus) == len(sample.token_ids)
+        recorded = torch.tensor(sample.logprobs)
+        n = len(sample.token_ids)
+        with torch.no_grad():
+            for batch in ([(prompt, sample.token_ids)], [*longer, (prompt, sample.token_ids)]):
+                prompts, completions = [p for p, _ in batch], [c for _, c in batch]
+                nuclei = [[]] * (len(batch) - 1) + [sample.nucleus]  # the longer turns: the top-p rule
+                scored = model.completion_logprobs(prompts, completions, temperature=temperature, top_p=top_p, nucleus=nuclei)
+                torch.testing.assert_close(scored.logprobs[-1, :n], recorded, atol=1e-5, rtol=0)
+                by_rule = model.completion_logprobs(prompts, completions, temperature=temperature, top_p=top_p)
+                rule_flips += float((by_rule.logprobs[-1, :n] - recorded).abs().max()) > 1e-3
+    assert rule_flips > 0  # the top-p rule recomputed by the learner did flip at some boundary here
