@@ -10,7 +10,8 @@ first cut) are replayed once with a tau that never cuts (`checkpoint_values`); e
 function of the recorded values (`first_cut`), so a whole grid costs one replay.
 
 Labels: a positive is a zero-reward-variance group over its COMPLETE members only (failed members are
-excluded); a group with fewer than two complete members has no label and counts only in the savings.
+excluded); a group with fewer than two complete members has no label and counts only in the savings
+(`pipeline.outcomes.zero_variance_label`: the online shadow ledger labels with the same function).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import msgspec
 
 from pipeline.messages import RolloutFailed, StepEvent
-from pipeline.outcomes import is_zero_variance
+from pipeline.outcomes import zero_variance_label
 
 from .base import Gate
 
@@ -45,11 +46,9 @@ class RecordedGroup(msgspec.Struct, frozen=True, kw_only=True):
         return len(self.rewards)
 
     def label(self) -> bool | None:
-        """True: zero reward variance over complete members; None: fewer than two complete members."""
-        rewards = [r for r, ok in zip(self.rewards, self.complete, strict=True) if ok]
-        if len(rewards) < 2:
-            return None
-        return is_zero_variance(rewards)
+        """True: zero reward variance over complete members; None: fewer than two complete members
+        (`pipeline.outcomes.zero_variance_label`, the shadow ledger's rule too)."""
+        return zero_variance_label([r for r, ok in zip(self.rewards, self.complete, strict=True) if ok])
 
     def lengths(self) -> list[int]:
         """[G] env steps of each member."""

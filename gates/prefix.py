@@ -27,7 +27,7 @@ from rapidfuzz.distance import Levenshtein
 
 from pipeline.contracts import GateDecision as GateDecision  # re-exported: the contract lives in pipeline/
 from pipeline.messages import RolloutFailed, StepEvent
-from pipeline.outcomes import is_zero_variance
+from pipeline.outcomes import zero_variance_label
 
 from .base import Checkpoint, Threshold
 
@@ -182,17 +182,23 @@ class ShadowLedger:
 
     A positive is a zero-variance group (every complete rollout got the same reward). Only groups that ran
     to completion have a real outcome, so in shadow mode (nothing is cut) every group counts; the gate
-    stage labels a prompt by its merged group and leaves failed rollouts out.
+    stage labels a prompt by its merged group and leaves failed rollouts out. A group with fewer than two
+    complete rewards is unlabelled (`zero_variance_label`, the offline calibration's rule too): counted
+    in `unlabelled`, in neither precision nor recall.
     """
 
     true_positive: int = 0
     false_positive: int = 0
     false_negative: int = 0
     true_negative: int = 0
+    unlabelled: int = 0
 
     def record(self, would_cut: bool, rewards: Sequence[float]) -> None:
-        zero_variance = is_zero_variance(rewards)
-        if would_cut and zero_variance:
+        """rewards: the group's complete rollouts' rewards."""
+        zero_variance = zero_variance_label(rewards)
+        if zero_variance is None:
+            self.unlabelled += 1
+        elif would_cut and zero_variance:
             self.true_positive += 1
         elif would_cut:
             self.false_positive += 1
@@ -219,6 +225,7 @@ class ShadowLedger:
             "gate/shadow_tp": self.true_positive,
             "gate/shadow_fp": self.false_positive,
             "gate/shadow_fn": self.false_negative,
+            "gate/shadow_unlabelled": self.unlabelled,
             "gate/precision": self.precision(),
             "gate/recall": self.recall(),
         }

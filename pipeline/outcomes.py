@@ -25,6 +25,13 @@ def is_zero_variance(rewards: Sequence[float]) -> bool:
     return len(rewards) == 0 or max(rewards) == min(rewards)
 
 
+def zero_variance_label(rewards: Sequence[float]) -> bool | None:
+    """A group's label for a gate's precision / recall, the one rule online (shadow) and offline
+    (calibration): whether its complete rollouts' rewards are all equal; None (unlabelled) with fewer than
+    two complete rewards, where there is no pair to compare."""
+    return is_zero_variance(rewards) if len(rewards) >= 2 else None
+
+
 def label_rewards(result: GroupResult) -> list[float]:
     """Rewards of the trajectories that ended by themselves: a cut or failed rollout's partial reward is
     no label (for filters, shadow labels, allocator histories)."""

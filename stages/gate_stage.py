@@ -8,7 +8,8 @@ Only a prompt's first-stage group (admission kind group / pilot / explore) of si
 Pilot-Commit commit group or an AERO rescue chunk extends a prompt the allocator already chose to spend
 more on, and a single rollout has no pairs to compare. Shadow labels are the zero variance of the
 prompt's *merged* group (first stage + later stages, complete trajectories only: a failed or cut
-rollout's partial reward is no label).
+rollout's partial reward is no label); a merged group with fewer than two complete rewards is unlabelled
+(`pipeline.outcomes.zero_variance_label`, the offline calibration's rule).
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ class GateStage:
         self._labels.flush()
 
     def _score(self, rewards: list[float], would_cut: object) -> None:
-        if self.shadow and rewards:
+        if self.shadow:  # fewer than two complete rewards: unlabelled (the ledger counts it)
             self.ledger.record(bool(would_cut), rewards)
 
     async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -151,6 +151,15 @@ def test_shadow_ledger_precision_and_recall():
     assert ShadowLedger().precision() is None
 
 
+def test_shadow_ledger_leaves_fewer_than_two_complete_rewards_unlabelled():
+    ledger = ShadowLedger()
+    ledger.record(True, [0.0])  # one complete member: no pair, no label (was a true positive)
+    ledger.record(False, [])  # every member failed
+    ledger.record(True, [0.0, 0.0])
+    assert (ledger.true_positive, ledger.false_negative, ledger.groups, ledger.unlabelled) == (1, 0, 1, 2)
+    assert ledger.as_dict()["gate/shadow_unlabelled"] == 2
+
+
 def test_an_index_outside_the_group_is_ignored_not_an_index_error():
     from pipeline.messages import StepEvent
 

@@ -1,7 +1,7 @@
 """Merged prompt outcomes: labels of a prompt's rollout groups together, bounded memory."""
 
 from pipeline.messages import GroupResult, Trajectory, TrajectoryStatus
-from pipeline.outcomes import MergedOutcomes, is_zero_variance, label_rewards
+from pipeline.outcomes import MergedOutcomes, is_zero_variance, label_rewards, zero_variance_label
 
 
 def test_a_plain_group_settles_at_once_and_an_extendable_one_waits_for_its_children():
@@ -48,3 +48,8 @@ def test_label_rewards_leave_cut_and_failed_rollouts_out():
     ])
     assert label_rewards(result) == [0.0, 0.0]
     assert is_zero_variance(label_rewards(result))
+
+
+def test_zero_variance_label_needs_two_complete_rewards():
+    assert zero_variance_label([0.0, 0.0]) is True and zero_variance_label([0.0, 1.0]) is False
+    assert zero_variance_label([1.0]) is None and zero_variance_label([]) is None

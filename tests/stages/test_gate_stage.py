@@ -121,6 +121,26 @@ def test_shadow_labels_use_the_prompts_merged_group_and_leave_failed_rollouts_ou
     assert (stage.ledger.true_positive, stage.ledger.false_positive) == (1, 1)
 
 
+def test_a_merged_group_with_one_complete_reward_is_unlabelled_online_as_offline():
+    from gates.calibration import RecordedGroup
+
+    stage = GateStage(k=10, tau=0.12, shadow=True)
+    messages = [
+        # converged (would cut) but one of its two rollouts failed: one complete reward, no pair to compare
+        _opened(1, 2, "group"), *_steps(1, [ACTIONS] * 2),
+        GroupClosed(group_id=1, rewards=[0.0, 0.0], cut=False, steps=20, complete=[True, False]),
+        _opened(2, 2, "group"), *_steps(2, [ACTIONS] * 2),  # the same with both complete: a true positive
+        GroupClosed(group_id=2, rewards=[0.0, 0.0], cut=False, steps=20),
+    ]
+    assert len(_feed(stage, messages)) == 2
+    stage.finish()
+    ledger = stage.ledger
+    assert (ledger.true_positive, ledger.false_positive, ledger.false_negative, ledger.true_negative) == (1, 0, 0, 0)
+    assert stage.statistics()["gate/shadow_unlabelled"] == 1
+    offline = RecordedGroup(task_id="a", seed=0, events=[], tokens=[[], []], rewards=[0.0, 0.0], complete=[True, False])
+    assert offline.label() is None  # the calibration leaves the same group unlabelled
+
+
 def test_prefix_decide_with_fewer_than_two_rollouts_is_no_decision():
     from gates.prefix import decide
 
