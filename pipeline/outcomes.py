@@ -20,6 +20,12 @@ EXTENDABLE_KINDS = frozenset({"pilot", "explore"})
 """First-stage kinds that later groups of the same prompt may extend (commit, rescue)."""
 
 
+def is_gated(kind: str, size: int) -> bool:
+    """The one rule for which groups a gate may cut: a prompt's first-stage group with pairs to compare
+    (the gate stage opens only these; the rollout stage refuses a cut of any other)."""
+    return kind in FIRST_STAGE_KINDS and size >= 2
+
+
 def is_zero_variance(rewards: Sequence[float]) -> bool:
     """Every rollout got the same reward, so the group carries no GRPO gradient (an empty group too)."""
     return len(rewards) == 0 or max(rewards) == min(rewards)

@@ -25,7 +25,7 @@ import trio
 
 from gates import ShadowLedger, build_gate, gate_options
 from pipeline.messages import CancelGroup, GroupClosed, GroupOpened, RolloutFailed, StepEvent, StepStream
-from pipeline.outcomes import FIRST_STAGE_KINDS, MergedOutcomes
+from pipeline.outcomes import FIRST_STAGE_KINDS, MergedOutcomes, is_gated
 from pipeline.stage import StageContext
 
 from .step_validation import StepValidator
@@ -171,7 +171,7 @@ class GateStage:
                     self._labels.open_root(gid, kind, False)
                 else:
                     self._labels.open_child(gid, parent)
-                if kind in FIRST_STAGE_KINDS and size >= 2:
+                if is_gated(kind, size):
                     self._gated.add(gid)
                     self._kinds[gid] = kind
                     self.gate.open(gid, size)

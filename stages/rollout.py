@@ -15,8 +15,9 @@ A group counts as cut only if the cut actually cancelled work (some member was s
 Sockets (`run`): the stage owns its steps PUSH (to the gate stage; discarded when no gate runs) and its
 control PULL. A `CancelGroup` goes gate -> socket -> `run` -> `cancel`, nothing in between: `run` drops
 (and counts on the socket) a decision that cannot be from this run's gate (`no_gate`, `unknown_gate`,
-`shadow_mismatch`, `unknown_group`), counts shadow and late ones, and forwards each applied one to the
-event stream.
+`shadow_mismatch`, `unknown_group`, or `not_gated`: a running group the gate's own rule never gates,
+`pipeline.outcomes.is_gated`), counts shadow and late ones, and forwards each applied one to the event
+stream. Frames not sealed with the run's secret never get here (`pipeline.transport`: `bad_token`).
 
 Cancellation: only the group's own scope is caught here; a cancel from outside (shutdown) propagates.
 """
@@ -44,6 +45,7 @@ from pipeline.messages import (
     TrajectoryStatus,
     Turn,
 )
+from pipeline.outcomes import is_gated
 from pipeline.profiling import Profiler
 from pipeline.stage import StageContext, StageFailed
 from stages.envs.base import Environment, EnvSuite, StepResult, Task
@@ -127,6 +129,8 @@ class RolloutStage:
         self.step_timeout_s = step_timeout_s
         self._env_threads = trio.CapacityLimiter(1024)
         self._scopes: dict[int, trio.CancelScope] = {}
+        self._gated: set[int] = set()
+        """Running groups a gate may cut (`is_gated`); bounded by the running groups."""
         self._cuts: dict[int, _Cut] = {}
         self.on_trajectory_end = on_trajectory_end
         """Called once per trajectory as it ends (complete, failed or cut): frees its slot at once."""
@@ -187,6 +191,8 @@ class RolloutStage:
             return "shadow_mismatch"
         if not 0 <= decision.group_id < self._groups_started:
             return "unknown_group"
+        if decision.group_id in self._scopes and decision.group_id not in self._gated:
+            return "not_gated"  # (a group that ended is not known any more: its cut is late, a no-op)
         return None
 
     def _apply(self, decision: CancelGroup) -> None:
@@ -225,6 +231,8 @@ class RolloutStage:
         records = [_Record(i) for i in range(size)]
         scope = trio.CancelScope()
         self._scopes[group_id] = scope
+        if is_gated(kind, size):
+            self._gated.add(group_id)
         try:
             with scope:
                 async with trio.open_nursery() as nursery:
@@ -232,6 +240,7 @@ class RolloutStage:
                         nursery.start_soon(self._trajectory, group_id, task, record)
         finally:
             del self._scopes[group_id]
+            self._gated.discard(group_id)
         cut = self._cuts.pop(group_id, None)
         if cut is not None and not any(r.status == TrajectoryStatus.CUT for r in records):
             cut = None  # every member had already ended: the cut cancelled no work

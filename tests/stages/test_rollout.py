@@ -1,8 +1,11 @@
 """The rollout stage: a cut cancels the whole group at once, closes every episode, abandons in-flight
 policy calls; a failing environment fails only its own trajectory."""
 
+from functools import partial
+
 import pytest
 import trio
+import trio.testing
 
 from pipeline.messages import GroupClosed, GroupOpened, RolloutFailed, StepEvent, TrajectoryStatus
 from pipeline.profiling import Profiler
@@ -318,3 +321,40 @@ async def test_the_stage_validates_cut_decisions_before_applying_them(autojump_c
     assert stage.cancels_received == 2 and stage.cuts_late == 1
     stage.gate = None
     assert stage._control_problem(cut) == "no_gate"
+
+
+
+@pytest.mark.parametrize(("kind", "size"), [("group", 1), ("commit", 4), ("rescue", 2)])
+async def test_a_cut_of_a_group_the_gate_never_gates_is_dropped_at_the_control_socket(kind, size):
+    """Issue 34: the rollout stage's control PULL applies the gate's own rule (`is_gated`: a prompt's
+    first-stage group of size >= 2), so a well-formed cut of a commit / rescue / one-rollout group is
+    dropped and counted (`not_gated`) and the group runs on. (Real time: the policy never answers.)"""
+    from pipeline.config import TransportSection
+    from pipeline.messages import CancelGroup
+    from pipeline.stage import StageContext
+    from pipeline.transport import open_context
+    from stages.rollout import GateIdentity
+
+    stage, _ = _stage(Suite(max_steps=30, win_at=10), SlowPolicy(delay=3600))
+    stage.gate = GateIdentity("prefix", shadow=False)
+    addresses = TransportSection(control="inproc://rollout-control")
+    cut, returned = {}, trio.Event()
+    async with open_context() as zmq, trio.open_nursery() as nursery:
+        ctx = StageContext(zmq=zmq, addresses=addresses, run_dir=".", profiler=Profiler(enabled=False))
+        await nursery.start(stage.run, ctx)
+
+        async def group(gid, **kw):
+            cut[gid] = (await stage.run_group(gid, TASK.task_id, **kw)).cut
+            returned.set()
+
+        nursery.start_soon(partial(group, 0, size=2))
+        nursery.start_soon(partial(group, 1, size=size, kind=kind, parent=0))
+        await trio.testing.wait_all_tasks_blocked()
+        control = zmq.socket("push", addresses.control, bind=False)
+        for gid in (1, 0):  # in order on one socket: the second one's effect shows the first was read
+            await control.send(CancelGroup(group_id=gid, reason="converged", gate="prefix", value=0.1))
+        with trio.fail_after(10):
+            await returned.wait()
+        assert cut[0] is True and 1 not in cut and 1 in stage._scopes  # the ungated group runs on
+        assert zmq.dropped_frames()["control"] == {"not_gated": 1}
+        nursery.cancel_scope.cancel()
