@@ -2,8 +2,8 @@
 
 Message-driven both ways. In: `GroupResult`s from the results socket (a receiver task pulls them into a
 bounded channel, dropping what the runtime did not announce and malformed groups). Out: a `LearnerReport`
-per update (the new weights, the update's statistics and, for checkpoints, the trainer's state at the
-update boundary) and a `GroupsConsumed` per group dropped without training (cut groups are refused and
+per update (the new weights, the update's statistics, among them how many of the batch's groups had zero
+reward variance, and, for checkpoints, the trainer's state at the update boundary) and a `GroupsConsumed` per group dropped without training (cut groups are refused and
 counted: they must never get here; zero-variance groups are dropped by default; both are refused as they
 arrive, while an update runs, so the runtime's staleness pacing can start other groups at once), sent to `reports` — a
 bounded Trio channel that one runtime task consumes, or a socket when the learner runs in its own process
@@ -25,7 +25,7 @@ import structlog
 import trio
 
 from pipeline.config import LearnerSection
-from pipeline.counters import GroupsConsumed, LearnerReport
+from pipeline.counters import ZERO_VARIANCE_TRAINED, GroupsConsumed, LearnerReport
 from pipeline.messages import GroupExpected, GroupResult, LearnerInbox
 from pipeline.outcomes import is_zero_variance, label_rewards
 from pipeline.stage import StageContext
@@ -128,4 +128,5 @@ class LearnerStage:
         """Runs in the worker thread: its CPU time is attributed to the learner stage."""
         with profiler.bind_thread("learner"):
             weights, stats = self.trainer.update(batch, version=version)
+            stats = {**stats, ZERO_VARIANCE_TRAINED: float(sum(is_zero_variance(label_rewards(g)) for g in batch))}
             return weights, stats, self.trainer.state_dict() if self.capture_state else None

@@ -18,6 +18,8 @@ from .histogram import LogHistogram
 from .messages import GroupResult
 from .outcomes import FIRST_STAGE_KINDS, is_zero_variance, label_rewards
 
+ZERO_VARIANCE_TRAINED = "learner/groups_zero_variance"
+"""`LearnerReport.stats` key: how many of the update's trained groups had zero reward variance (no gradient)."""
 GROUP_KINDS = ("all_fail", "mixed", "all_succeed")
 """What a complete group's outcomes can be (binary rewards): none, some or all of its rollouts won."""
 
@@ -67,6 +69,8 @@ class PhaseCounters:
     merged_zero_variance: int = 0
     groups_received: int = 0
     groups_trained: int = 0
+    groups_trained_zero_variance: int = 0
+    """Trained groups (counted in `groups_trained`) with zero reward variance: the rest were informative."""
     groups_dropped_zero_variance: int = 0
     cut_groups_refused: int = 0
     """Cut groups that reached the learner (refused there)."""
@@ -127,6 +131,7 @@ class PhaseCounters:
         self.groups_trained += report.groups_trained
         self.groups_received += report.groups_trained
         stats = report.stats
+        self.groups_trained_zero_variance += int(stats.get(ZERO_VARIANCE_TRAINED, 0.0))
         self.staleness_lag_max = max(self.staleness_lag_max, stats.get("staleness_lag_max", 0.0))
         items = stats.get("learner/items", 0.0)
         self.items_trained += int(items)

@@ -101,6 +101,7 @@ def _group_figures(cfg: RunConfig, outcome: GrpoOutcome, gate_stats: dict[str, A
         "groups_cut": tally.groups_cut,
         "groups_backfilled": outcome.admission.backfills,
         "groups_trained": learner.groups_trained,
+        "groups_trained_informative": learner.groups_trained - learner.groups_trained_zero_variance,
         "groups_dropped_zero_variance": learner.groups_dropped_zero_variance,
         "cut_groups_reaching_learner": learner.cut_groups_refused + tally.cut_emission_refused,
         "zero_variance_fraction": tally.merged_zero_variance / tally.merged_full_size if tally.merged_full_size else None,

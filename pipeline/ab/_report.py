@@ -7,6 +7,11 @@ come out as null and are named in `notes`, never guessed.
 `wall_s` here is the GRPO phase's wall clock (summary `grpo_wall_s`): the warm start (cached after a
 seed's first run, ~90 s when cold) and the held-out evaluations before and after are the same work in
 every arm and would only add noise. The whole job's time is `job_wall_s`.
+
+`informative_groups` is what the learner trained on with reward variance (summary
+`groups_trained_informative`, counted per update): at equal updates sync-grpo trains its zero-variance
+groups (no gradient) and the async arms drop them. Not the allocator's count of groups handed to the
+learner, which includes those still waiting for a batch when the run stopped.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ METRICS: dict[str, tuple[tuple[str, ...], ...]] = {
     "groups_cut": (("groups_cut",),),
     "groups_backfilled": (("groups_backfilled",),),
     "groups_trained": (("groups_trained",),),
+    "informative_groups": (("groups_trained_informative",),),
     "learner_updates": (("learner_updates",),),
     "zero_variance_fraction": (("zero_variance_fraction",),),
     "gate_precision": (("gate/precision",), ("gate_precision",)),
@@ -108,17 +114,8 @@ def time_to_target(curve: Sequence[CurvePoint], target: float) -> float | None:
     return next((p.wall_s for p in curve if p.mean >= target), None)
 
 
-def informative_groups(summary: Mapping[str, Any]) -> float | None:
-    """Training groups with reward variance handed to the learner (allocator counters): at equal updates
-    sync-grpo trains its zero-variance groups (no gradient) and the async arms drop them, so this differs."""
-    emitted = _lookup(summary, (("allocator_stats", "allocator/groups_trained"),))
-    zero = _lookup(summary, (("allocator_stats", "allocator/groups_trained_zero_variance"),))
-    return emitted - zero if emitted is not None and zero is not None else None
-
-
 def run_figures(record: RunRecord, target: float | None) -> dict[str, float | None]:
     figures = {key: _lookup(record.summary, paths) for key, paths in METRICS.items()}
-    figures["informative_groups"] = informative_groups(record.summary)
     if target is not None:
         figures["time_to_target_s"] = time_to_target(record.curve, target)
     return figures

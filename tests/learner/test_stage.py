@@ -8,7 +8,7 @@ import trio
 
 from learner.stage import LearnerStage
 from pipeline.config import LearnerSection, TransportSection
-from pipeline.counters import GroupsConsumed, LearnerReport
+from pipeline.counters import ZERO_VARIANCE_TRAINED, GroupsConsumed, LearnerReport, PhaseCounters
 from pipeline.messages import GroupExpected, GroupResult, Trajectory, TrajectoryStatus
 from pipeline.profiling import Profiler
 from pipeline.stage import StageContext
@@ -52,6 +52,26 @@ async def test_reports_an_update_per_batch_and_a_drop_per_zero_variance_group():
     assert dropped == GroupsConsumed(zero_variance=True)
     assert isinstance(report, LearnerReport) and report.version == 4 and report.groups_trained == 2
     assert report.weights == {"w": 4} and report.trainer_state == {"batches": 1} and trainer.batches == [[0, 2]]
+
+
+async def test_each_report_counts_the_zero_variance_groups_it_trained():
+    reports, received = trio.open_memory_channel(10)
+    stage = LearnerStage(_Trainer(), LearnerSection(batch_groups=3, drop_zero_variance=False), reports=reports,
+                         announced_on_socket=True)
+    t = TransportSection(results="inproc://learner-test-kept")
+    async with open_context() as zmq, trio.open_nursery() as nursery:
+        await nursery.start(stage.run, StageContext(zmq=zmq, addresses=t, run_dir=Path("."), profiler=Profiler(enabled=False)))
+        push = zmq.socket("push", t.results, bind=False)
+        async with push:
+            for gid, rewards in ((0, [1.0, 0.0]), (1, [1.0, 1.0]), (2, [0.0, 0.0]), (3, [0.0, 1.0])):
+                await push.send(GroupExpected(group_id=gid))
+                await push.send(_group(gid, rewards))
+            report = await received.receive()  # groups 0-2; group 3 waits for a batch that never fills
+        nursery.cancel_scope.cancel()
+    assert report.groups_trained == 3 and report.stats[ZERO_VARIANCE_TRAINED] == 2.0
+    counters = PhaseCounters()
+    counters.learner_updated(report)
+    assert (counters.groups_trained, counters.groups_trained_zero_variance) == (3, 2)
 
 
 class _BlockedTrainer(_Trainer):

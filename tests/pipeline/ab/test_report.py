@@ -37,9 +37,16 @@ def test_newer_summary_keys_win_and_absent_ones_are_none():
     assert (figures["gate_precision"], figures["slot_occupancy"]) == (0.9, 0.8)
     assert figures["generated_tokens"] is None and figures["heldout_unseen_before"] == 0.4
     assert "time_to_target_s" not in figures
-    assert figures["informative_groups"] is None  # no allocator counters in this summary
-    stats = {"allocator_stats": {"allocator/groups_trained": 20, "allocator/groups_trained_zero_variance": 6}}
-    assert run_figures(_record("a", 0, _summary(10.0, **stats)), None)["informative_groups"] == 14
+    assert figures["informative_groups"] is None  # an older summary without the learner's count: not guessed
+
+
+def test_informative_groups_are_what_the_learner_trained_not_what_was_handed_to_it():
+    # The allocator handed 60 groups to the learner (55 with reward variance), 12 of them after the last
+    # update; the learner trained 48, 40 of them informative. The report says 40 of 48, not 55 of 48.
+    stats = {"allocator_stats": {"allocator/groups_trained": 60, "allocator/groups_trained_zero_variance": 5}}
+    summary = _summary(10.0, groups_trained=48, groups_trained_informative=40, **stats)
+    figures = run_figures(_record("a", 0, summary), None)
+    assert (figures["groups_trained"], figures["informative_groups"]) == (48, 40)
 
 
 def test_report_pairs_by_seed_and_lists_what_is_missing():
