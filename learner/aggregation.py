@@ -6,7 +6,9 @@ Every aggregation has the signature
 
 where item i (one policy turn) has `lengths[i]` completion tokens and belongs to trajectory
 `trajectories[i]` (ids unique within the batch). The loss is sum_i weights[i] * sum_t term[i, t]: the
-weights are computed once over the whole optimizer step, so micro-batching never changes them.
+trainer computes the weights once over all of an update's items and slices them per mini-batch (scaled
+by the number of mini-batches), so neither micro-batching nor mini-batching changes them: a trajectory
+whose turns spread over several optimizer steps weighs in total what it weighs in one.
 
 Why it matters in multi-turn GRPO: with one item per turn, a 30-step failure carries ~4x the weight of a
 7-step success under `turn_mean`, so an update is dominated by pushing failure actions down (a known path

@@ -1,7 +1,7 @@
 """Training items: one per policy turn of a batch's usable trajectories, with its advantage.
 
 `build_items` turns a batch of finished groups into items (group-relative advantages in float64, plus
-GiGPO's step-level term when asked) and counts what it left out; `shuffled_by_prompt` orders them for the
+GiGPO's step-level term when asked) and counts what it left out; `shuffled_order` orders them for the
 trainer's passes so that turns sharing a prompt sit in one micro-batch.
 """
 
@@ -121,12 +121,17 @@ def prompt_key(item: TrainItem) -> tuple[tuple[int, ...], tuple[tuple[int, ...],
     return tuple(item.prompt_ids), tuple(map(tuple, item.choices))
 
 
-def shuffled_by_prompt(items: Sequence[TrainItem], rng: random.Random) -> list[TrainItem]:
-    """`items` in random order, except that items with the same prompt and choices stay together (in the
-    order given): the distinct prompts are shuffled, each followed by all of its items."""
-    together: dict[tuple[tuple[int, ...], tuple[tuple[int, ...], ...]], list[TrainItem]] = {}
-    for item in items:
-        together.setdefault(prompt_key(item), []).append(item)
+def shuffled_order(items: Sequence[TrainItem], rng: random.Random) -> list[int]:
+    """Indices of `items` in random order, except that items with the same prompt and choices stay together
+    (in the order given): the distinct prompts are shuffled, each followed by all of its items."""
+    together: dict[tuple[tuple[int, ...], tuple[tuple[int, ...], ...]], list[int]] = {}
+    for i, item in enumerate(items):
+        together.setdefault(prompt_key(item), []).append(i)
     keys = list(together)
     rng.shuffle(keys)
-    return [item for key in keys for item in together[key]]
+    return [i for key in keys for i in together[key]]
+
+
+def shuffled_by_prompt(items: Sequence[TrainItem], rng: random.Random) -> list[TrainItem]:
+    """`items` in `shuffled_order`."""
+    return [items[i] for i in shuffled_order(items, rng)]

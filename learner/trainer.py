@@ -7,15 +7,19 @@ One update trains on a batch of B training groups:
    `learner/items.py`);
 2. items whose policy version lags the learner by more than `max_staleness` are dropped and counted
    (the staleness bound holds for every trained turn, whatever the pacing did);
-3. optionally a fixed number of items is sampled (`max_items`, the reference's step items);
+3. optionally a fixed number of items is sampled (`max_items`, the reference's step items); the items
+   beyond it are counted (`learner/items_beyond_max`);
 4. `epochs` passes over the items in shuffled mini-batches of `minibatch_items` (0 = the whole batch in
    one step), each one optimizer step; the registered loss gives per-token terms and the registered
-   aggregation their weights over the mini-batch, accumulated exactly across micro-batches. The shuffle
+   aggregation their weights, computed once over all the update's items (so a trajectory whose turns
+   spread over several steps weighs what it weighs in one) and scaled by the number of mini-batches
+   per epoch (a step's weights sum to 1 on average, as one whole-batch step's do), accumulated exactly
+   across micro-batches. The shuffle
    keeps turns that share a prompt (rollouts of a group that acted alike so far) next to each other, so
    they share a micro-batch and a model that encodes a repeated prompt once (`torch_tiny`) does so.
    With `skip_confident` > 0 the turns whose action had at least that probability under the behaviour
    policy are left out of the passes (their gradient scales with 1 - p), the others keeping the weights
-   the whole mini-batch gave them;
+   the whole update gave them;
 5. with `max_kl` > 0 the update ends early once the approximate KL to the behaviour policy exceeds it:
    measured over an epoch (`kl_stop = "epoch"`, the next epoch is not run) or over each mini-batch before
    its optimizer step (`kl_stop = "step"`, that step is not taken: the target-KL stop of PPO
@@ -27,7 +31,7 @@ One update trains on a batch of B training groups:
 
 Per-update figures (metrics.jsonl): lr, items, tokens, ratio mean, clip fraction, approx KL to behaviour,
 entropy of the sampling distribution, fraction of actions that were not admissible commands, staleness
-lag max / mean, items dropped as stale, the share of items skipped as confident, epochs and optimizer steps run,
+lag max / mean, items dropped as stale, items beyond `max_items`, the share of items skipped as confident, epochs and optimizer steps run,
 whether the KL stop cut the update short, train success of the batch, and the share of items
 whose prompt is distinct (`learner/distinct_prompt_fraction`: what a repeated-prompt saving can save).
 """
@@ -46,7 +50,7 @@ from pipeline.config import LearnerSection
 from pipeline.contracts import TrainableModel
 from pipeline.messages import GroupResult, TrajectoryStatus
 
-from .items import TrainItem, build_items, prompt_key, shuffled_by_prompt
+from .items import TrainItem, build_items, prompt_key, shuffled_order
 from .schedules import lr_factor
 
 LossFn = Callable[..., torch.Tensor]
@@ -122,13 +126,15 @@ class Trainer:
             keep_zero_advantage=self.cfg.keep_zero_advantage_items, negative_weight=self.cfg.negative_weight,
             step_weight=self.cfg.step_weight, gamma=self.cfg.gamma,
         )
-        if self.cfg.max_items and len(items) > self.cfg.max_items:
+        beyond_max = max(0, len(items) - self.cfg.max_items) if self.cfg.max_items else 0
+        if beyond_max:
             items = self._rng.sample(items, self.cfg.max_items)
         rollouts = [t for g in groups for t in g.trajectories if t.status == TrajectoryStatus.COMPLETE]
         stats: dict[str, float] = {
             "learner/items": float(len(items)),
             "learner/groups": float(len(groups)),
             "learner/items_dropped_stale": float(counts.dropped_stale),
+            "learner/items_beyond_max": float(beyond_max),
             "learner/invalid_action_fraction": counts.invalid_actions / counts.turns if counts.turns else 0.0,
             "learner/step_signal_fraction": counts.step_signal / counts.turns if counts.turns else 0.0,
             "learner/batch_success": sum(t.success for t in rollouts) / len(rollouts) if rollouts else 0.0,
@@ -161,11 +167,13 @@ class Trainer:
         epochs = 0
         stopped = False
         step_limit = self.cfg.max_kl if self.cfg.kl_stop == "step" else 0.0
+        weights = self._item_weights(items) * math.ceil(len(items) / size)  # [N] once per update
         for _ in range(self.cfg.epochs):
-            order = shuffled_by_prompt(items, self._rng)
+            order = shuffled_order(items, self._rng)
             sums = _Sums()
             for start in range(0, len(order), size):
-                batch_kl = self._backward(order[start : start + size], sums)
+                chosen = order[start : start + size]
+                batch_kl = self._backward([items[i] for i in chosen], weights[chosen], sums)
                 if step_limit and batch_kl > step_limit:
                     stopped = True  # this mini-batch's step and the rest of the update are not taken
                     break
@@ -192,15 +200,18 @@ class Trainer:
         out["learner/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else 0.0
         return out
 
-    def _backward(self, batch: list[TrainItem], sums: _Sums) -> float:
-        """The gradient of `batch`'s loss, accumulated over micro-batches with exact weights, its figures added
-        to `sums`; returns the mini-batch's approx KL to the behaviour policy."""
+    def _item_weights(self, items: list[TrainItem]) -> torch.Tensor:
+        """The registered aggregation's weight of each item [N], over all of the update's items."""
+        lengths = torch.tensor([len(it.token_ids) for it in items], dtype=torch.float64)  # [N]
+        trajectories = torch.tensor([it.trajectory for it in items])  # [N]
+        return self.aggregation(lengths, trajectories, constant=self.cfg.norm_tokens).float()  # [N]
+
+    def _backward(self, batch: list[TrainItem], weights: torch.Tensor, sums: _Sums) -> float:
+        """The gradient of `batch`'s loss with the items' `weights` [n], accumulated over micro-batches, its
+        figures added to `sums`; returns the mini-batch's approx KL to the behaviour policy."""
         self.optimizer.zero_grad(set_to_none=True)
         kl_before, tokens_before = sums.kl, sums.tokens
-        lengths = torch.tensor([len(it.token_ids) for it in batch], dtype=torch.float64)  # [n]
-        trajectories = torch.tensor([it.trajectory for it in batch])  # [n]
-        weights = self.aggregation(lengths, trajectories, constant=self.cfg.norm_tokens).float()  # [n]
-        if self.cfg.skip_confident:  # weights stay those of the whole mini-batch; only the passes shrink
+        if self.cfg.skip_confident:  # weights stay those the whole update gave; only the passes shrink
             kept = [i for i, it in enumerate(batch) if sum(it.old_logprobs) < math.log(self.cfg.skip_confident)]
             sums.skipped += len(batch) - len(kept)
             batch, weights = [batch[i] for i in kept], weights[kept]  # [k]

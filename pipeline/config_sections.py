@@ -269,7 +269,8 @@ class LearnerSection(_Section):
     max_items: int = 192
     """Turns sampled per update from the batch's trajectories (0 = all), as the reference's step items. The
     default keeps the 10-minute default run within its budget: training on all ~1,500 turns of an update
-    costs ~50 s of one CPU core, during which admission waits (set 0 where the learner has the time)."""
+    costs ~50 s of one CPU core, during which admission waits (set 0 where the learner has the time). The
+    turns left out are counted (`learner/items_beyond_max`, summary `items_beyond_max`)."""
     kl_coef: float = 0.0
     """Weight of a KL(pi || warm start) penalty per token (0 = off; costs one more forward pass)."""
     max_kl: float = 0.0

@@ -77,6 +77,8 @@ class PhaseCounters:
     updates: int = 0
     staleness_lag_max: float = 0.0
     items_dropped_stale: int = 0
+    items_beyond_max: int = 0
+    """Turns left out by the learner's `max_items` sampling."""
     items_trained: int = 0
     lag_sum: float = 0.0
     eval_s: float = 0.0
@@ -137,6 +139,7 @@ class PhaseCounters:
         self.items_trained += int(items)
         self.lag_sum += stats.get("staleness_lag_mean", 0.0) * items
         self.items_dropped_stale += int(stats.get("learner/items_dropped_stale", 0.0))
+        self.items_beyond_max += int(stats.get("learner/items_beyond_max", 0.0))
 
     def learner_dropped(self, dropped: GroupsConsumed) -> None:
         self.groups_received += 1

@@ -133,6 +133,7 @@ def _throughput_figures(
         "staleness_lag_max": tally.staleness_lag_max,
         "staleness_lag_mean": tally.lag_sum / tally.items_trained if tally.items_trained else None,
         "items_dropped_stale": tally.items_dropped_stale,
+        "items_beyond_max": tally.items_beyond_max,
         "items_trained": tally.items_trained,
         "env_steps": outcome.env_steps,
         "env_steps_per_s": outcome.env_steps / outcome.wall_s if outcome.wall_s > 0 else None,

@@ -147,7 +147,7 @@ async def test_allocator_sub_groups_are_never_gated_and_staleness_is_a_bound(tmp
     assert summary["staleness_lag_max"] <= cfg.learner.max_staleness
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(r["staleness_lag_max"] <= cfg.learner.max_staleness for r in rows if "staleness_lag_max" in r)
-    for key in ("trajectory_slot_occupancy", "first_stage_cut_fraction", "items_dropped_stale", "staleness_lag_mean",
+    for key in ("trajectory_slot_occupancy", "first_stage_cut_fraction", "items_dropped_stale", "items_beyond_max", "staleness_lag_mean",
                 "generated_tokens"):
         assert key in summary, key
 

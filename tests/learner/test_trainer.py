@@ -267,3 +267,44 @@ def test_each_turn_is_scored_under_the_nucleus_its_sampling_recorded():
     assert stats["learner/approx_kl"] < 1e-10 and stats["learner/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
     by_rule = model.completion_logprobs([prompt], [completion], temperature=temperature, top_p=top_p).logprobs[0]
     assert float((by_rule.detach() - old).abs().max()) > 1e-3  # what scoring by the top-p rule would have given
+
+
+def _long_and_short_trajectory_group():
+    """One group: a 30-turn failure and a 7-turn success, every turn with its own prompt."""
+    def trajectory(index, turns, reward):
+        return Trajectory(rollout_index=index, reward=reward, success=reward > 0, status=TrajectoryStatus.COMPLETE, turns=[
+            Turn(prompt_ids=[1, index, t // 16, t % 16], token_ids=[3, 4], logprobs=[-1.0, -1.0], action="a", policy_version=0)
+            for t in range(turns)
+        ])
+    return GroupResult(group_id=0, task_id="t", cut=False, trajectories=[trajectory(0, 30, 0.0), trajectory(1, 7, 1.0)])
+
+
+def _weight_of(sign: float):
+    """A loss whose per-token term is 1 for the items whose advantage has `sign`, 0 for the others: a step's
+    loss is then the aggregation weight those items carry in it (weights are per token)."""
+    def loss(new, old, advantages, mask, *, clip_eps):
+        rows = (advantages * sign > 0).float()[:, None]  # [c, 1]
+        return new * 0 + rows * mask
+    return loss
+
+
+def test_trajectory_mean_gives_a_long_and_a_short_trajectory_equal_weight_across_mini_batches():
+    """Weights are computed once over the update's items and sliced per mini-batch: a 30-turn trajectory
+    spread over many optimizer steps does not regain the weight a per-step normaliser would give it."""
+    totals = {}
+    for sign in (-1.0, 1.0):  # the 30-turn failure, the 7-turn success
+        cfg = LearnerSection(lr=0.05, max_items=0, minibatch_items=4, aggregation="trajectory_mean")
+        _, stats = Trainer(BigramModel(), cfg, _weight_of(sign)).update([_long_and_short_trajectory_group()])
+        assert stats["learner/optimizer_steps"] == 10.0  # 37 items in mini-batches of 4
+        totals[sign] = stats["learner/loss"] * stats["learner/optimizer_steps"]
+    assert totals[-1.0] == pytest.approx(totals[1.0], rel=1e-6)
+    assert totals[-1.0] + totals[1.0] == pytest.approx(10.0, rel=1e-6)  # each step weighs 1 on average
+
+
+def test_turns_beyond_max_items_are_counted():
+    model = BigramModel()
+    batch = [_group(model, g, [1.0, 0.0, 0.0, 1.0]) for g in range(3)]  # 12 one-turn items
+    _, stats = Trainer(model, LearnerSection(lr=0.05, max_items=5), clipped_ratio_loss).update(batch)
+    assert stats["learner/items"] == 5.0 and stats["learner/items_beyond_max"] == 7.0
+    _, stats = Trainer(model, LearnerSection(lr=0.05, max_items=0), clipped_ratio_loss).update(batch)
+    assert stats["learner/items"] == 12.0 and stats["learner/items_beyond_max"] == 0.0

@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from pipeline.counters import PhaseCounters
+from pipeline.counters import LearnerReport, PhaseCounters
 from pipeline.job_summary import group_kinds_table
 from pipeline.messages import GroupResult, Trajectory, TrajectoryStatus
 from pipeline.resume import capture_counters, restore_counters
@@ -46,3 +46,19 @@ def test_the_family_breakdown_survives_a_checkpoint():
     assert restore_counters(state, counters=back, admission=admission, rollout=rollout, gate=None) == 3
     assert back.kinds_by_family["look_at"] == {"all_fail": 1, "mixed": 0, "all_succeed": 0}
     assert back.kinds_by_family == _counted().kinds_by_family
+
+
+def test_learner_item_counts_add_up_over_updates_and_survive_a_checkpoint():
+    counters = PhaseCounters()
+    for beyond in (7, 0, 3):
+        stats = {"learner/items": 5.0, "learner/items_beyond_max": float(beyond), "learner/items_dropped_stale": 1.0}
+        counters.learner_updated(LearnerReport(version=1, stats=stats, train_seconds=0.1, weights={}, trainer_state=None,
+                                               groups_trained=2))
+    assert (counters.items_trained, counters.items_beyond_max, counters.items_dropped_stale) == (15, 10, 3)
+    rollout = SimpleNamespace(env_steps=0, trajectories_failed=0, trajectories_ended=0, trajectory_seconds=0.0, cuts_late=0,
+                              first_error="", cancels_received=0, shadow_cancels=0)
+    admission = SimpleNamespace(state_dict=lambda: {}, load_state_dict=lambda state: None)
+    state = capture_counters(counters=counters, admission=admission, rollout=rollout, version=3, gate=None, wall_s=1.0)
+    back = PhaseCounters()
+    restore_counters(state, counters=back, admission=admission, rollout=rollout, gate=None)
+    assert back.items_beyond_max == 10
