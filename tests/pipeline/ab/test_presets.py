@@ -2,9 +2,11 @@ from pathlib import Path
 
 import pytest
 
+from learner.items import build_items
 from pipeline.ab._presets import find_presets, flatten, list_presets, load_preset
 from pipeline.config import ConfigError, merge_overrides
 from pipeline.job import load
+from tests.learner.toy_model import BigramModel, toy_group
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 ARMS = list_presets(CONFIGS / "arms")
@@ -34,6 +36,22 @@ def test_sync_grpo_is_lockstep_under_every_budget(budget):
     assert cfg.learner.drop_zero_variance is False
     assert cfg.gate.enabled is False
     assert cfg.rollout.slots >= cfg.learner.batch_groups * cfg.rollout.group_size
+
+
+@pytest.mark.parametrize("budget", BUDGETS, ids=lambda p: p.name)
+def test_sync_grpo_trains_its_zero_variance_groups_turns_as_the_reference_does(budget):
+    """Its description says zero-variance groups are trained as in the reference: their turns enter the
+    update with zero advantage (diluting it), as configs/reference.toml sets, not dropped as items."""
+    sync = next(a for a in ARMS if a.name == "sync-grpo")
+    cfg = load(None, [*budget.overrides, *sync.overrides])
+    reference = load(str(CONFIGS / "reference.toml"), [])
+    for key in ("drop_zero_variance", "keep_zero_advantage_items"):
+        assert getattr(cfg.learner, key) == getattr(reference.learner, key), key
+    model = BigramModel()
+    zero_variance = toy_group(model, 0, [0.0] * cfg.rollout.group_size)
+    items, counts = build_items([zero_variance], cfg.learner.adv_eps, keep_zero_advantage=cfg.learner.keep_zero_advantage_items)
+    assert len(items) == cfg.rollout.group_size and all(it.advantage == 0.0 for it in items)
+    assert "trained" in sync.description and "as in the reference" in sync.description
 
 
 def test_history_based_allocators_see_prompts_recur_on_the_default_budget():
