@@ -178,7 +178,7 @@ async def _pretrain(cfg) -> None:  # noqa: ANN001
     policy = await trio.to_thread.run_sync(build_policy, cfg, suite)
     for split, report in (await evaluate_heldout(policy, suite, heldout_tasks(cfg, suite), cfg.eval.greedy)).items():
         families = ", ".join(f"{f} {v:.0%}" for f, v in sorted(report.per_family.items()))
-        print(f"{split}: success {report.success:.1%} over {len(report.episodes)} tasks ({families})")
+        print(f"{split}: success {report.success:.1%} over {len(report.episodes)} tasks of the {cfg.eval.range} range ({families})")
 
 
 def _profile(run_dir: str | None) -> int:

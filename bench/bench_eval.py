@@ -1,9 +1,10 @@
 """Held-out evaluation cost, measured side by side in one run (no asserts).
 
-    .venv/bin/python bench/bench_eval.py [--tasks 200] [--max-batch 64 128] [--set key=value ...]
+    .venv/bin/python bench/bench_eval.py [--tasks 200] [--max-batch 64 128] [--range dev] [--set key=value ...]
 
 Builds the configured policy (the warm start comes from the cache when it exists; its training time is
-not measured), then evaluates the first `--tasks` tasks of every `eval.splits` split, greedy:
+not measured), then evaluates the first `--tasks` tasks of the `--range` (dev by default) of every `eval.splits`
+split, greedy:
 
 * `per split, 64 at a time`: the evaluation before `evaluate_splits` (one split after the other,
   `evaluate(..., concurrency=64)` each);
@@ -29,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.job import build_policy, build_suite, load  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
+from pipeline.task_ranges import RANGES, task_range  # noqa: E402
 from stages.evaluate import evaluate, evaluate_splits  # noqa: E402
 
 
@@ -48,7 +50,7 @@ async def main(args: argparse.Namespace) -> None:
     cfg = load(args.config, args.set)
     Progress(0, enabled=args.progress).activate()
     suite = build_suite(cfg)
-    splits = {split: list(suite.tasks(split))[: args.tasks] for split in cfg.eval.splits}
+    splits = {split: task_range(suite.tasks(split), args.range, cfg.eval.sizes(), args.tasks) for split in cfg.eval.splits}
     rows = []
 
     async def per_split(policy) -> dict:  # noqa: ANN001
@@ -64,7 +66,7 @@ async def main(args: argparse.Namespace) -> None:
              *await _timed(policy, lambda p=policy: evaluate_splits(p, suite, splits)))
         )
     n = sum(map(len, splits.values()))
-    print(f"\nheld-out evaluation, {n} greedy episodes ({args.tasks} per split), policy {cfg.policy.backend}")
+    print(f"\nheld-out evaluation, {n} greedy episodes ({args.tasks} per split, {args.range} range), policy {cfg.policy.backend}")
     print("| evaluation | wall s | CPU s | batches | " + " | ".join(splits) + " | wall vs first |")
     print("|---|---|---|---|" + "---|" * len(splits) + "---|")
     for name, success, wall, cpu, batches in rows:
@@ -76,6 +78,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=None)
     parser.add_argument("--tasks", type=int, default=200)
+    parser.add_argument("--range", default="dev", choices=RANGES, help="the held-out task range (default: dev)")
     parser.add_argument("--max-batch", type=int, nargs="*", default=[64])
     parser.add_argument("--set", action="append", default=[], help="config override key=value (repeatable)")
     parser.add_argument("--progress", action="store_true", help="show evaluation progress on stderr")

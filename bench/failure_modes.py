@@ -1,10 +1,10 @@
 """Why does a household policy fail, and did RL change it? Failure kinds and two decision probes.
 
-    .venv/bin/python bench/failure_modes.py [--config configs/learn.toml] [--tasks 100] [--sample]
+    .venv/bin/python bench/failure_modes.py [--config configs/learn.toml] [--tasks 100] [--sample] [--range dev]
         [--set key=value ...] [WEIGHTS.pt ...]
 
 Builds the configured torch_tiny policy (cached warm start, else behaviour cloning), then, in lockstep
-with the first `--tasks` tasks of each held-out split:
+with the first `--tasks` tasks of each held-out split's `--range` (dev by default: a probe is tuning):
 
 1. for the warm start and each WEIGHTS file (a run's `checkpoints/policy.pt`): episodes played greedily
    (`--sample`: at the policy's temperature / top-p), won, and each lost episode's kind: whether it ever
@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.job import build_policy, build_suite, load  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
+from pipeline.task_ranges import RANGES, task_range  # noqa: E402
 from stages.envs.household.engine import REQUIRED_STATE  # noqa: E402
 from stages.envs.household.expert import search_order  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
@@ -174,7 +175,7 @@ def main(args: argparse.Namespace) -> None:
     suite = build_suite(cfg)
     policy = build_policy(cfg, suite, workers=1)  # scored in this process, whatever policy.workers says
     torch.set_num_threads(args.threads)
-    tasks = [*suite.tasks("heldout_seen")[: args.tasks], *suite.tasks("heldout_unseen")[: args.tasks]]
+    tasks = [t for split in ("heldout_seen", "heldout_unseen") for t in task_range(suite.tasks(split), args.range, cfg.eval.sizes(), args.tasks)]
     models = {"warm start": policy.model}
     for path in args.weights:
         model = copy.deepcopy(policy.model)
@@ -203,6 +204,7 @@ if __name__ == "__main__":
     parser.add_argument("--config", default="configs/learn.toml")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--tasks", type=int, default=100, help="tasks per held-out split")
+    parser.add_argument("--range", default="dev", choices=RANGES, help="the held-out task range (default: dev)")
     parser.add_argument("--sample", action="store_true", help="classify sampled episodes instead of greedy ones")
     parser.add_argument("--probe-states", type=int, default=200, help="states per probe (the first ones)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")

@@ -1,11 +1,11 @@
 """Is there headroom RL can take? pass@k against greedy, and imitation of the warm start's own successes.
 
     .venv/bin/python bench/headroom.py [--config configs/learn.toml] [--tasks 50] [--temperatures 0.7 1.0]
-        [--imitate-tasks 300] [--imitate-epochs 2] [--imitate-lr 1e-3] [--set key=value ...]
+        [--imitate-tasks 300] [--imitate-epochs 2] [--imitate-lr 1e-3] [--range dev] [--set key=value ...]
 
 Builds the configured torch_tiny policy (cached warm start, else behaviour cloning), then, in lockstep:
 
-1. greedy success on the first `--tasks` tasks of each held-out split;
+1. greedy success on the first `--tasks` tasks of each held-out split's `--range` (dev: a probe is tuning);
 2. per temperature, G = 8 samples of each of those tasks: mean success, pass@8 and how many tasks were won
    0..8 times. pass@8 far above greedy means the policy *can* win tasks it does not win greedily;
 3. with `--imitate-tasks` N > 0, the upper-bound probe: sample G = 8 episodes of N train tasks (after
@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.job import build_policy, build_suite, load  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
+from pipeline.task_ranges import RANGES, task_range  # noqa: E402
 from stages.envs.base import EnvSuite, Task  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
 from stages.policy.torch_tiny._pretrain import Demo, pack_episode, rollout_lockstep, train_bc  # noqa: E402
@@ -66,14 +67,14 @@ def main(args: argparse.Namespace) -> None:
     model, fmt, sampling = policy.model, policy.prompt, policy.sampling
 
     def held_out(n: int) -> list[Task]:
-        return [t for split in ("heldout_seen", "heldout_unseen") for t in list(suite.tasks(split))[:n]]
+        return [t for split in ("heldout_seen", "heldout_unseen") for t in task_range(suite.tasks(split), args.range, cfg.eval.sizes(), n)]
 
     def greedy(n: int) -> float:
         episodes = rollout_lockstep(model, fmt, suite, held_out(n), sampling, greedy=True, seed=cfg.run.seed)
         return sum(e.won for e in episodes) / len(episodes)
 
     tasks = held_out(args.tasks)
-    print(f"greedy success on {len(tasks)} held-out tasks: {greedy(args.tasks):.3f}")
+    print(f"greedy success on {len(tasks)} held-out tasks ({args.range} range): {greedy(args.tasks):.3f}")
     print("| temperature | mean success | pass@8 | tasks won 0..8 of 8 times | s |")
     print("|---|---|---|---|---|")
     for temperature in args.temperatures:
@@ -115,5 +116,6 @@ if __name__ == "__main__":
     parser.add_argument("--imitate-lr", type=float, default=1e-3)
     parser.add_argument("--eval-tasks", type=int, default=200, help="held-out tasks per split around the imitation")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--range", default="dev", choices=RANGES, help="the held-out task range probed (default: dev)")
     parser.add_argument("--set", action="append", default=[], help="config override key=value (repeatable)")
     main(parser.parse_args())

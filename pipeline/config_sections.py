@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from .curve import curve_problems
+from .task_ranges import CURVE_RANGES, DEFAULT_SIZES, RANGES
 
 
 class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -315,17 +316,60 @@ class LearnerSection(_Section):
         )
 
 
+class RangeSizes(_Section):
+    """Tasks per held-out split in each range, cut from the start of the split in this order
+    (`pipeline/task_ranges.py`). 400 test tasks per split keep the 95 % margin of the mean of both splits
+    near +-3 points at ~20 % success; dev is the first 200, which every figure before the ranges measured."""
+
+    dev: int = DEFAULT_SIZES["dev"]
+    valid: int = DEFAULT_SIZES["valid"]
+    test: int = DEFAULT_SIZES["test"]
+
+    def problems(self) -> list[str]:
+        return _failed(*((getattr(self, name) >= 0, f"eval.ranges.{name} must be >= 0") for name in RANGES))
+
+
 class EvalSection(_Section):
     tasks: int = 200
-    """Held-out tasks per split for the before/after success measure (0 = skip). 200 keeps the noise of
-    a success rate near 20 % at about +-3 points (50 would be +-6); ~110 CPU-s per 200 + 200 tasks."""
+    """Held-out tasks per split for the before/after success measure, the first of `range` (0 = skip).
+    200 per split keep the 95 % margin of the mean of both splits near +-4 points at ~20 % success;
+    ~110 CPU-s per 200 + 200 tasks."""
+    range: str = "dev"
+    """The range of each held-out split the before/after measure reads: dev (tuning, the default), valid, or
+    test (the before/after of a declared verdict, configs/verdicts/; docs/learning.md, "Task ranges")."""
+    ranges: RangeSizes = RangeSizes()
     splits: list[str] = msgspec.field(default_factory=lambda: ["heldout_seen", "heldout_unseen"])
     greedy: bool = True
     every: int = 0
     """Also measure held-out success every N learner updates during GRPO (0 = only before and after)."""
+    curve_range: str = "valid"
+    """The range the periodic measure (`every`) and the stop rule (`run.target_heldout`) watch: valid or dev,
+    never test."""
+    curve_tasks: int = 0
+    """Tasks per split of each periodic measure, the first of `curve_range` (0 = `tasks`, at most the range's size)."""
 
     def problems(self) -> list[str]:
-        return _failed((self.every >= 0, "eval.every must be >= 0"), (self.tasks >= 0, "eval.tasks must be >= 0"))
+        problems = self.ranges.problems() + _failed(
+            (self.every >= 0, "eval.every must be >= 0"),
+            (self.tasks >= 0, "eval.tasks must be >= 0"),
+            (self.curve_tasks >= 0, "eval.curve_tasks must be >= 0"),
+            (self.range in RANGES, f"eval.range must be one of {', '.join(RANGES)}, not {self.range!r}"),
+            (self.curve_range in CURVE_RANGES, f"eval.curve_range must be one of {', '.join(CURVE_RANGES)}, not "
+             f"{self.curve_range!r} (periodic curves and stop rules never look at the test range)"),
+        )
+        for key, count, name in (("tasks", self.tasks, self.range), ("curve_tasks", self.curve_tasks, self.curve_range)):
+            size = getattr(self.ranges, name, None)  # None: an unknown range, named above
+            if size is not None and count > size:
+                problems.append(f"eval.{key} ({count}) is more than the {name} range holds ({size} per split; eval.ranges.{name})")
+        return problems
+
+    def sizes(self) -> dict[str, int]:
+        """Tasks per split in each range: what `pipeline.task_ranges` cuts by."""
+        return {name: getattr(self.ranges, name) for name in RANGES}
+
+    def periodic_tasks(self) -> int:
+        """Tasks per split of each periodic measure (0: no periodic measure can run)."""
+        return self.curve_tasks or min(self.tasks, getattr(self.ranges, self.curve_range))
 
 
 class TransportSection(_Section):

@@ -11,7 +11,9 @@ With `transport.curve_dir` set, every tcp socket of the run's zmq context uses C
 the traffic is encrypted. A ZAP handler (pyzmq's `zmq.auth.Authenticator`, driven by a Trio task instead of
 its thread or asyncio wrappers; its `handle_zap_message` is a plain coroutine) admits a client only if its
 public key is in `authorized/`. A peer on another host that runs stages needs the folder's client key pair
-and server public key (`server.key`), never the server's secret. inproc and ipc sockets are untouched
+and server public key (`server.key`), never the server's secret. `make_keys` writes the folder 0700 and
+its files 0600; a secret key file that its group or others may read or write is refused when the keys
+are loaded (`curve_problems`: a configuration error). inproc and ipc sockets are untouched
 (in-process, or guarded by file permissions).
 
 Refused handshakes are counted on the refusing socket through a socket monitor: `unauthenticated` (a
@@ -57,24 +59,35 @@ class CurveKeys:
 
 
 def make_keys(directory: str | Path) -> list[Path]:
-    """Write a server and a client key pair and authorize the client; refuses to overwrite keys."""
+    """Write a server and a client key pair and authorize the client; refuses to overwrite keys.
+
+    The folder is 0700 and every file 0600 from the moment it exists: they are written under umask 077
+    (a secret key is never readable by others, even between its write and a chmod)."""
     folder = Path(directory)
     existing = [p for p in (folder / "server.key_secret", folder / "client.key_secret") if p.exists()]
     if existing:
         raise FileExistsError(f"{folder} already holds keys ({', '.join(p.name for p in existing)}); pick an empty folder")
-    (folder / AUTHORIZED).mkdir(parents=True, exist_ok=True)
-    written = []
-    for name in ("server", "client"):
-        public, secret = zmq.auth.create_certificates(folder, name)
-        os.chmod(secret, 0o600)
-        written += [Path(public), Path(secret)]
-    written.append(Path(shutil.copy(folder / "client.key", folder / AUTHORIZED / "client.key")))
+    umask = os.umask(0o077)  # the process's, for these few writes (a CLI command: no other thread writes now)
+    try:
+        (folder / AUTHORIZED).mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.chmod(0o700)  # also a folder that existed before
+        written = []
+        for name in ("server", "client"):
+            public, secret = zmq.auth.create_certificates(folder, name)
+            written += [Path(public), Path(secret)]
+        written.append(Path(shutil.copy(folder / "client.key", folder / AUTHORIZED / "client.key")))
+    finally:
+        os.umask(umask)
     return written
 
 
 def _load(path: Path, *, secret: bool) -> tuple[bytes, bytes | None]:
     if not path.is_file():
         raise ValueError(f"{path} does not exist (make a keys folder with `python run.py keys DIR`)")
+    mode = path.stat().st_mode & 0o777
+    if secret and mode & 0o077:
+        raise ValueError(f"{path} holds a secret key but is readable or writable by others (mode {mode:04o}); "
+                         f"run `chmod 600 {path}` (or make new keys with `python run.py keys DIR`)")
     try:
         public, secret_key = zmq.auth.load_certificate(path)
     except (OSError, ValueError) as exc:

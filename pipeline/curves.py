@@ -1,7 +1,8 @@
 """`learning_curve.png`: held-out success against wall seconds and against env steps, via matplotlib Agg.
 
-Drawn from the `heldout/...` rows of metrics.jsonl (written every `eval.every` updates) plus the before
-and after measures, so a user sees whether RL helps, and how fast, without opening a notebook.
+Drawn from the `heldout/...` rows of metrics.jsonl (written every `eval.every` updates, on `eval.curve_range`)
+plus the before and after measures (on `eval.range`), one line per split and range, so a user sees whether RL
+helps, and how fast, without opening a notebook.
 """
 
 from __future__ import annotations
@@ -16,19 +17,26 @@ log = structlog.get_logger(__name__)
 
 
 def curve_points(before: Mapping[str, float], rows: Sequence[Mapping[str, Any]], after: Mapping[str, float] | None,
-                 *, final_wall_s: float, final_env_steps: int) -> dict[str, list[tuple[float, float, float]]]:
-    """Per split (named without its `heldout_` prefix, as in metrics.jsonl): (wall_s, env_steps, success)
-    points in order, starting at (0, 0, before)."""
+                 *, final_wall_s: float, final_env_steps: int, measure_range: str = "dev",
+                 curve_range: str = "valid") -> dict[str, list[tuple[float, float, float]]]:
+    """Per split and task range, named "<split> (<range>)" (the split without its `heldout_` prefix, as in
+    metrics.jsonl): (wall_s, env_steps, success) points in order. The before and after measures read
+    `measure_range`, the periodic rows `curve_range`; where the two differ they are separate series (tasks
+    of another range are not the same measure), else one series from (0, 0, before) to the after point."""
+    def name(split: str, range_name: str) -> str:
+        return f"{split.removeprefix('heldout_')} ({range_name})"
+
     points: dict[str, list[tuple[float, float, float]]] = {
-        split.removeprefix("heldout_"): [(0.0, 0.0, value)] for split, value in before.items()
+        name(split, measure_range): [(0.0, 0.0, value)] for split, value in before.items()
     }
     for row in rows:
         for key, value in row.items():
-            if key.startswith("heldout/") and key.removeprefix("heldout/") in points:
-                points[key.removeprefix("heldout/")].append((row["wall_s"], row["env_steps"], value))
+            if key.startswith("heldout/") and key != "heldout/mean":
+                series = name(key.removeprefix("heldout/"), row.get("heldout_range", curve_range))
+                points.setdefault(series, []).append((row["wall_s"], row["env_steps"], value))
     for split, value in (after or {}).items():
-        if (name := split.removeprefix("heldout_")) in points:
-            points[name].append((final_wall_s, float(final_env_steps), value))
+        if (series := name(split, measure_range)) in points:
+            points[series].append((final_wall_s, float(final_env_steps), value))
     return points
 
 

@@ -169,7 +169,8 @@ def _build(
     if phase.version >= cfg.run.updates:
         phase.done.set()  # resumed after the last update: nothing left to train
     heldout = PeriodicHeldout(evaluate, cfg.eval.every, cfg.run.updates, metrics, progress,
-                              on_row=counters.heldout_measured, target=cfg.run.target_heldout)
+                              on_row=counters.heldout_measured, target=cfg.run.target_heldout,
+                              range_name=cfg.eval.curve_range)
     recorder = UpdateRecorder(phase, events=events.clone(), metrics=metrics, heldout=heldout, profiler=profiler,
                               checkpointer=checkpointer, progress=progress)
     attach = getattr(policy, "attach_profiler", None)  # optional: a backend that records its own spans

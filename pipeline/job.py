@@ -46,12 +46,14 @@ from .job_summary import (
     reports_to_json,
     summary,
 )
+from .machine_load import watching
 from .memory import tune_malloc
 from .plugins import option_problems
 from .profiling import Profiler
 from .progress import Progress
 from .rundir import MetricsWriter, configure_logging, create_run_dir, write_summary
 from .stage import STAGES, build_stage
+from .task_ranges import heldout_ranges
 
 log = structlog.get_logger(__name__)
 
@@ -137,14 +139,20 @@ def build_policy(cfg: RunConfig, suite: EnvSuite, *, workers: int | None = None)
 
 
 def heldout_tasks(cfg: RunConfig, suite: EnvSuite) -> dict[str, list[Task]]:
-    """The first `eval.tasks` of each eval split; an empty split is left out with a warning (not "0.0%")."""
+    """The before/after measure's tasks: the first `eval.tasks` of range `eval.range` of each eval split
+    (`pipeline/task_ranges.py`); a split with none there is left out with a warning (not "0.0%")."""
     if not cfg.eval.tasks:
         return {}
-    splits = {split: list(suite.tasks(split))[: cfg.eval.tasks] for split in cfg.eval.splits}
-    for split in [s for s, tasks in splits.items() if not tasks]:
-        log.warning("eval.empty_split", split=split, env=cfg.env.name, note="this split has no tasks: its success is not measured")
-        del splits[split]
-    return splits
+    return heldout_ranges(suite.tasks, cfg.eval.splits, cfg.eval.range, cfg.eval.sizes(), cfg.eval.tasks)
+
+
+def curve_tasks(cfg: RunConfig, suite: EnvSuite) -> dict[str, list[Task]]:
+    """The periodic measure's tasks (`eval.every`, and the stop rule): the first `eval.curve_tasks` of range
+    `eval.curve_range` of each eval split (never test)."""
+    count = cfg.eval.periodic_tasks()
+    if not (cfg.eval.every and count):
+        return {}
+    return heldout_ranges(suite.tasks, cfg.eval.splits, cfg.eval.curve_range, cfg.eval.sizes(), count)
 
 
 async def evaluate_heldout(policy: Policy, suite: EnvSuite, splits: dict[str, list[Task]], greedy: bool) -> dict[str, EvalReport]:
@@ -249,13 +257,15 @@ async def _run_phases(
     splits = heldout_tasks(cfg, suite)
     policy, warm_start_s = await _unless_stopped(stop, run_dir, _build_policy, cfg, suite, checkpoint)
     built.append(policy)
-    if "heldout_before" in job:
+    if "heldout_before" in job and job.get("heldout_range", "dev") == cfg.eval.range:
         before = reports_from_json(job["heldout_before"])
-    else:
+    else:  # a new run, or a resume told to measure another range: the before measure of this one
         before = await _unless_stopped(stop, run_dir, evaluate_heldout, policy, suite, splits, cfg.eval.greedy)
-        job |= {"heldout_before": reports_to_json(before), "warm_start_s": warm_start_s, "job_wall_s": 0.0}
-    progress.message("held-out success before GRPO: " + fmt_eval(before))
+        job |= {"heldout_before": reports_to_json(before), "heldout_range": cfg.eval.range,
+                "warm_start_s": job.get("warm_start_s", warm_start_s), "job_wall_s": job.get("job_wall_s", 0.0)}
+    progress.message(f"held-out success before GRPO ({cfg.eval.range}): " + fmt_eval(before))
     parts = _grpo_parts(cfg, suite, policy, checkpoint, run_dir, job)
+    curve = curve_tasks(cfg, suite)
     progress.message(
         f"GRPO: {cfg.run.updates} updates x {cfg.learner.batch_groups} groups, G={cfg.rollout.group_size}, "
         f"gate {'on' if cfg.gate.enabled else 'off'}{' (shadow)' if cfg.gate.enabled and cfg.gate.shadow else ''}, "
@@ -265,12 +275,12 @@ async def _run_phases(
     tokens_before = _generated_tokens(policy)
     metrics = MetricsWriter(run_dir)
     try:
-        async with parts.profiler.sampling():
+        async with parts.profiler.sampling(), watching() as load:  # the machine's load while GRPO runs
             outcome = await run_grpo(
                 cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in parts.train}, allocator=parts.allocator,
                 trainer=parts.trainer, run_dir=run_dir, profiler=parts.profiler, metrics=metrics, observers=parts.observers,
                 progress=progress, checkpointer=parts.checkpointer, restore=checkpoint["grpo"] if checkpoint else None, stop=stop,
-                evaluate=_periodic_evaluator(cfg, suite, splits, built) if cfg.eval.every and splits else None,
+                evaluate=_periodic_evaluator(cfg, suite, curve, built) if curve else None,
             )
     except Exception as exc:
         raise RunFailed(failure_message(exc, run_dir, save_on_failure(parts.checkpointer))) from exc
@@ -278,6 +288,7 @@ async def _run_phases(
         metrics.close()
     tokens_after = _generated_tokens(policy)
     generated = tokens_after - tokens_before if tokens_before is not None and tokens_after is not None else None
+    parts.machine_load = load.figures()
     return await _finish(cfg, run_dir, stop, progress, parts, outcome, policy, suite, splits, before, job["warm_start_s"], generated)
 
 
@@ -291,6 +302,8 @@ class _GrpoParts:
     observers: list[Any]
     profiler: Profiler
     checkpointer: resume.Checkpointer
+    machine_load: dict[str, Any] | None = None
+    """The machine's load during the GRPO phase (`pipeline/machine_load.py`), once it ended."""
 
 
 def _grpo_parts(
@@ -334,21 +347,23 @@ async def _finish(
     overhead = parts.profiler.overhead_estimate() if parts.profiler.enabled and not interrupted else None  # ~2 s of probing
     after = {} if interrupted else await _unless_stopped(stop, run_dir, evaluate_heldout, policy, suite, splits, cfg.eval.greedy, version=version)
     if not interrupted:
-        progress.message("held-out success after GRPO:  " + fmt_eval(after))
+        progress.message(f"held-out success after GRPO ({cfg.eval.range}):  " + fmt_eval(after))
         _save_checkpoints(run_dir, parts.trainer, parts.allocator)
     wall_s = parts.checkpointer.job["job_wall_s"] + outcome.wall_s + (time.perf_counter() - grpo_ended)
     figures = summary(cfg, outcome, before, after, warm_start_s, wall_s,
-                      profiler_overhead_pct=overhead["overhead_pct"] if overhead else None, generated_tokens=generated)
+                      profiler_overhead_pct=overhead["overhead_pct"] if overhead else None, generated_tokens=generated,
+                      machine_load=parts.machine_load)
     if outcome.tally.evaluations:
         write_learning_curve(
             run_dir / "learning_curve.png",
             curve_points({s: r.success for s, r in before.items()}, outcome.tally.evaluations,
-                         {s: r.success for s, r in after.items()}, final_wall_s=outcome.wall_s, final_env_steps=outcome.env_steps),
+                         {s: r.success for s, r in after.items()}, final_wall_s=outcome.wall_s, final_env_steps=outcome.env_steps,
+                         measure_range=cfg.eval.range, curve_range=cfg.eval.curve_range),
             title=f"{cfg.run.name}: held-out success (seed {cfg.run.seed})",
         )
     write_summary(run_dir, figures, {
         "Per-stage profile": report.table_markdown(),
-        "Held-out success by family": family_table(before, after),
+        f"Held-out success by family ({cfg.eval.range} range)": family_table(before, after),
         "Training groups by family": group_kinds_table(outcome.tally.kinds_by_family),
     })
     log.info("job.finished", **{k: v for k, v in figures.items() if not isinstance(v, dict | list)})

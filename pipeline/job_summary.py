@@ -52,9 +52,11 @@ def reports_from_json(data: dict[str, list[list[Any]]]) -> dict[str, EvalReport]
 
 def summary(
     cfg: RunConfig, outcome: GrpoOutcome, before: dict[str, EvalReport], after: dict[str, EvalReport], warm_start_s: float, wall_s: float,
-    *, profiler_overhead_pct: float | None, generated_tokens: int | None = None,
+    *, profiler_overhead_pct: float | None, generated_tokens: int | None = None, machine_load: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Every figure of the run, flat (dicts only for per-kind and per-split breakdowns)."""
+    """Every figure of the run, flat (dicts only for per-kind and per-split breakdowns). Held-out figures name
+    their task range (`heldout_range`, `heldout_curve_range`: pipeline/task_ranges.py); `machine_load` is the
+    GRPO phase's load (pipeline/machine_load.py)."""
     gate_stats = outcome.gate.statistics() if outcome.gate is not None else {}
     alloc = dict(outcome.allocator.statistics())
     return _group_figures(cfg, outcome, gate_stats) | _throughput_figures(outcome, gate_stats, alloc, generated_tokens) | {
@@ -62,7 +64,10 @@ def summary(
         "heldout_success_after": mean_success(after),
         "heldout_before": {s: r.success for s, r in before.items()},
         "heldout_after": {s: r.success for s, r in after.items()},
+        "heldout_range": cfg.eval.range,
         "heldout_tasks_per_split": cfg.eval.tasks,
+        "heldout_curve_range": cfg.eval.curve_range if cfg.eval.every else None,
+        "heldout_curve_tasks_per_split": cfg.eval.periodic_tasks() if cfg.eval.every else None,
         "heldout_curve": outcome.tally.evaluations,
         "eval_s": outcome.tally.eval_s,
         "loop_lag_p99_ms": outcome.loop_lag_p99_ms(),
@@ -74,7 +79,7 @@ def summary(
         "peak_rss_mb": peak_rss_mb(),
         "dropped_frames_total": sum(n for counts in outcome.dropped_frames.values() for n in counts.values()),
         "dropped_frames": outcome.dropped_frames,
-    }
+    } | dict(machine_load or {})
 
 
 def gate_label(cfg: RunConfig, outcome: GrpoOutcome) -> str:

@@ -84,7 +84,7 @@ class UpdateRecorder:
         phase = self.phase
         with self.profiler.span("learner", "weight_publish"):
             phase.policy.load_weights(report.version, report.weights)
-        self.heldout.published(report.version, report.weights)
+        self.heldout.published(report.version, report.weights, wall_s=phase.wall_s(), env_steps=phase.rollout.env_steps)
         phase.version = report.version
         phase.counters.learner_updated(report)
         phase.lifecycle.learner_updated(report.version, report.groups_trained)
@@ -98,7 +98,7 @@ class UpdateRecorder:
             await self.checkpointer.after_update(report.version)
         if self.progress is not None:
             self.progress.update_line(row, final=True)
-        self.heldout.start_if_due(report.version, evals, wall_s=phase.wall_s, env_steps=lambda: phase.rollout.env_steps)
+        self.heldout.start_if_due(report.version, evals)
         if report.version >= phase.cfg.run.updates:
             phase.done.set()
 

@@ -166,14 +166,25 @@ async def test_the_family_allocator_runs_a_job_and_reports_its_weights(tmp_path)
 
 @pytest.mark.slow
 async def test_periodic_heldout_evaluation_writes_a_learning_curve(tmp_path):
-    cfg = load(None, _tiny(tmp_path, "eval.every=1", "gate.k=4"))
+    writer = 'stages=[{target = "examples.jsonl_writer:JsonlGroupWriter"}]'  # every group the rollouts played
+    cfg = load(None, _tiny(tmp_path, "eval.every=1", "gate.k=4", writer))
     result = await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if "heldout/mean" in r]
     assert [r["iteration"] for r in evals] == [1]  # the last update is the job's after-measure
     assert all({"heldout/seen", "heldout/unseen", "wall_s", "env_steps"} <= r.keys() for r in evals)
+    assert all(r["heldout_range"] == "valid" for r in evals)  # the curve watches valid ...
     assert result.summary["heldout_curve"] == evals
+    assert (result.summary["heldout_range"], result.summary["heldout_curve_range"]) == ("dev", "valid")  # ... the measure dev
     assert (result.run_dir / "learning_curve.png").exists()
+    # GRPO's rollouts play train tasks only: no held-out task of any range
+    played = {json.loads(line)["task_id"] for line in (result.run_dir / "groups.jsonl").read_text().splitlines()}
+    assert played and all(task.startswith("household/train/") for task in played)
+    # the machine's load during the GRPO phase is in the summary
+    summary = result.summary
+    assert summary["load_1m_min"] <= summary["load_1m_mean"] <= summary["load_1m_max"]
+    assert summary["cores_available"] >= 1 and summary["run_cpu_s"] > 0 and summary["other_cpu_s"] >= 0
+    assert isinstance(summary["machine_loaded"], bool) and "load_1m_mean" in (result.run_dir / "summary.md").read_text()
 
 
 @pytest.mark.slow

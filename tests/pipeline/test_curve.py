@@ -24,6 +24,72 @@ def test_make_keys_writes_two_pairs_authorizes_the_client_and_refuses_to_overwri
         make_keys(tmp_path / "keys")
 
 
+def test_make_keys_writes_a_private_folder_and_never_a_readable_secret_even_for_a_moment(tmp_path, monkeypatch):
+    """Issue 34: under a usual umask (022) the folders are 0700 and every file 0600 as it is written (the
+    secret was written 0644 and chmodded afterwards); the process umask is given back."""
+    import os
+
+    import zmq.auth
+
+    modes = []
+    create = zmq.auth.create_certificates
+
+    def recording(folder, name):
+        public, secret = create(folder, name)
+        modes.append(stat.S_IMODE(os.stat(secret).st_mode))  # right after the write, before anything else
+        return public, secret
+
+    monkeypatch.setattr(zmq.auth, "create_certificates", recording)
+    old = os.umask(0o022)
+    try:
+        make_keys(tmp_path / "keys")
+        assert os.umask(0o022) == 0o022  # given back
+    finally:
+        os.umask(old)
+    assert modes == [0o600, 0o600]
+    for folder in (tmp_path / "keys", tmp_path / "keys" / "authorized"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+    assert {stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "keys").rglob("*.key*")} == {0o600}
+
+
+def test_run_py_keys_makes_a_0700_folder(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "run.py", "keys", str(tmp_path / "k")], cwd=root, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE((tmp_path / "k").stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "k" / "client.key_secret").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o660, 0o620], ids=lambda m: f"{m:04o}")
+def test_a_secret_key_file_others_can_read_or_write_is_a_named_problem(tmp_path, mode):
+    """Issue 34: keys are loaded only from secret files no group or other user can read or write."""
+    make_keys(tmp_path / "keys")
+    secret = tmp_path / "keys" / "server.key_secret"
+    secret.chmod(mode)
+    assert curve_problems(str(tmp_path / "keys")) == [
+        f"transport.curve_dir = {str(tmp_path / 'keys')!r}: {secret} holds a secret key but is readable or writable "
+        f"by others (mode {mode:04o}); run `chmod 600 {secret}` (or make new keys with `python run.py keys DIR`)"]
+
+
+def test_run_py_check_exits_2_for_a_keys_folder_with_a_readable_secret(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    make_keys(tmp_path / "keys")
+    secret = tmp_path / "keys" / "client.key_secret"
+    secret.chmod(0o644)
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "run.py", "check", "--set", f'transport.curve_dir="{tmp_path / "keys"}"'],
+                          cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and f"{secret} holds a secret key but is readable" in done.stderr, done.stderr
+
+
 def test_bad_key_folders_are_named_problems(tmp_path):
     assert curve_problems("") == []
     assert "no such folder" in curve_problems(str(tmp_path / "missing"))[0]

@@ -25,8 +25,8 @@ async def test_due_versions_are_measured_in_the_background_and_the_target_is_an_
     heldout = PeriodicHeldout(evaluate, 2, 6, metrics, None, on_row=lambda row, s: kept.append((row, s)), target=0.5)
     async with trio.open_nursery() as nursery:
         for version in range(1, 7):
-            heldout.published(version, {"w": version})
-            heldout.start_if_due(version, nursery, wall_s=lambda: 1.0, env_steps=lambda: 100)
+            heldout.published(version, {"w": version}, wall_s=1.0, env_steps=100)
+            heldout.start_if_due(version, nursery)
         await trio.testing.wait_all_tasks_blocked()
         assert not heldout.target_reached.is_set()
         await heldout.idle()
@@ -35,3 +35,27 @@ async def test_due_versions_are_measured_in_the_background_and_the_target_is_an_
     assert [r["iteration"] for r in rows] == [2, 4] and rows[0]["heldout/mean"] == 0.45
     assert [s for _, s in kept] == [10.0, 10.0]
     assert heldout.target_reached.is_set()  # version 4 scored 0.5
+
+
+async def test_a_row_is_stamped_when_its_weights_were_published_not_when_its_measure_finished(autojump_clock):
+    # One evaluator: version 4's measure waits behind version 2's, then takes 10 s itself. Its row must say
+    # where training was when version 4 was published (wall 8 s, 400 env steps), not 28 s.
+    one_at_a_time = trio.Lock()
+
+    async def evaluate(version, state):
+        async with one_at_a_time:
+            await trio.sleep(10.0)
+        return {"mean": 0.5}
+
+    metrics = _Metrics()
+    heldout = PeriodicHeldout(evaluate, 2, 10, metrics, None, on_row=lambda row, s: None, target=0.5, range_name="valid")
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for version in (2, 4):
+            await trio.sleep(4.0)
+            heldout.published(version, {}, wall_s=trio.current_time() - start, env_steps=100 * version)
+            heldout.start_if_due(version, nursery)
+    rows = {r["iteration"]: r for r in metrics.rows}
+    assert (rows[4]["wall_s"], rows[4]["env_steps"]) == (8.0, 400)
+    assert trio.current_time() - start == 24.0  # both measures finished long after version 4 was published
+    assert rows[2]["heldout_range"] == rows[4]["heldout_range"] == "valid"

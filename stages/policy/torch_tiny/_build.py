@@ -20,6 +20,7 @@ import structlog
 import torch
 
 from pipeline.progress import report as report_progress
+from pipeline.task_ranges import DEFAULT_SIZES, task_range
 from stages.envs.base import EnvSuite, RecoveringExpert
 
 from ._model import ModelConfig, TinyLM
@@ -80,7 +81,8 @@ class TinyOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     bc_max_updates: int = 0
     """Stop BC after this many optimizer steps (0 = all epochs): the deliberate under-training knob."""
     bc_eval_tasks: int = 0
-    """Held-out tasks per split for the greedy success reported after BC (0 = skip)."""
+    """Held-out tasks per split for the greedy success reported after BC (0 = skip): the first of the dev range,
+    at most its default 200 (a warm start's report never reads valid or test tasks)."""
     bc_group_tasks: int = 0
     """Train tasks sampled G=8 times (temperature 1) to report the group composition after BC (0 = skip)."""
 
@@ -97,6 +99,8 @@ def decode_options(options: dict[str, Any], max_new_tokens: int) -> TinyOptions:
         )
     if opts.choose_by not in ("token", "command"):
         raise ValueError(f"policy.options.choose_by must be 'token' or 'command', not {opts.choose_by!r}")
+    if not 0 <= opts.bc_eval_tasks <= DEFAULT_SIZES["dev"]:
+        raise ValueError(f"policy.options.bc_eval_tasks must be in [0, {DEFAULT_SIZES['dev']}] (the dev range), not {opts.bc_eval_tasks}")
     if opts.choose_by == "command" and not opts.choose_admissible:
         raise ValueError("policy.options.choose_by = 'command' needs choose_admissible = true")
     return opts
@@ -296,7 +300,7 @@ def bc_report(
     started = time.perf_counter()
     if opts.bc_eval_tasks > 0:
         for split in ("heldout_seen", "heldout_unseen"):
-            tasks = list(suite.tasks(split))[: opts.bc_eval_tasks]
+            tasks = task_range(suite.tasks(split), "dev", DEFAULT_SIZES, opts.bc_eval_tasks)
             episodes = rollout_lockstep(
                 model, fmt, suite, tasks, sampling, greedy=True, seed=seed, label=f"warm start: {split}, episodes"
             )

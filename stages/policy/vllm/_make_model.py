@@ -27,6 +27,7 @@ import structlog
 import torch
 import torch.nn.functional as F
 
+from pipeline.task_ranges import DEFAULT_SIZES, task_range
 from stages.envs.base import EnvSuite, RecoveringExpert
 from stages.policy.torch_tiny._pretrain import Packed, collect_demos, pack_episode, train_bc
 from stages.policy.torch_tiny._tokenizer import PUNCTUATION, split_words
@@ -214,14 +215,16 @@ def behaviour_clone(model: Any, prompt: ChatPrompt, suite: EnvSuite, bc: BcSetti
 def heldout_report(
     model: Any, prompt: ChatPrompt, suite: EnvSuite, tasks: int, *, max_new_tokens: int, fuzzy_cutoff: float
 ) -> dict[str, Any]:
-    """Greedy success on the first `tasks` tasks of each held-out split, and the time it took."""
+    """Greedy success on the first `tasks` tasks (at most 200) of the dev range of each held-out split, and the
+    time it took (a warm start's report never reads valid or test tasks)."""
     from ._evaluate import play_greedy
 
     started = time.perf_counter()
-    report: dict[str, Any] = {"eval_tasks": tasks}
+    tasks = min(tasks, DEFAULT_SIZES["dev"])
+    report: dict[str, Any] = {"eval_tasks": tasks, "eval_range": "dev"}
     for split in ("heldout_seen", "heldout_unseen"):
         played = play_greedy(
-            model, prompt, suite, list(suite.tasks(split))[:tasks], max_new_tokens=max_new_tokens,
+            model, prompt, suite, task_range(suite.tasks(split), "dev", DEFAULT_SIZES)[:tasks], max_new_tokens=max_new_tokens,
             fuzzy_cutoff=fuzzy_cutoff, label=f"make-model: {split}, episodes",
         )
         report[f"success_{split}"] = round(sum(p.won for p in played) / max(1, len(played)), 3)
