@@ -10,8 +10,8 @@ the learner do not know whether decoding is local or not:
   builds the prompt, decodes, parses) and waits for its reply. The request's sampling number is assigned
   here in call order, so results do not depend on which worker answers. A cancelled caller sends
   `AbandonRequest`; the worker drops the request if its batch has not started.
-* `load_weights()` serialises the state once and sends it to every worker (applied between batches; each
-  reply carries the version that produced it).
+* `load_weights()` serialises the state once (`pipeline.tensors`, no pickle) and sends it to every worker
+  (applied between batches; each reply carries the version that produced it).
 * `trainable()` is the local copy's (the learner trains in this process).
 * `attach_profiler()` gives the run's profile a `policy` row although decoding runs elsewhere: busy while
   any request is in flight (a wall span in this process), the workers' CPU (each worker process bound to
@@ -24,7 +24,6 @@ worker also exits by itself if this process dies (it watches its parent), so no 
 
 from __future__ import annotations
 
-import io
 import os
 import sys
 import tempfile
@@ -39,6 +38,7 @@ import structlog
 import torch
 import trio
 
+from pipeline import tensors
 from pipeline.messages import (
     AbandonRequest,
     ActReply,
@@ -88,13 +88,13 @@ class PoolStatistics:
 
 
 def serialise_weights(state: Mapping[str, Any]) -> bytes:
-    buffer = io.BytesIO()
-    torch.save({k: v.detach().cpu() for k, v in state.items()}, buffer)
-    return buffer.getvalue()
+    """A state dict as `LoadWeights` carries it (`pipeline.tensors`: no pickle crosses the socket)."""
+    return tensors.pack(dict(state))
 
 
 def deserialise_weights(blob: bytes) -> dict[str, torch.Tensor]:
-    return torch.load(io.BytesIO(blob), weights_only=True)
+    """Raises `tensors.WireError` for bytes that are not a packed state dict."""
+    return tensors.unpack_weights(blob)
 
 
 class WorkerPoolPolicy:
