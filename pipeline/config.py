@@ -124,7 +124,7 @@ def _struct_problems(data: Any, cls: type[msgspec.Struct], where: str) -> tuple[
 
 def _range_problems(cfg: RunConfig) -> list[str]:
     """Every section's own range checks, then the checks that span sections."""
-    problems = [p for name in cfg.__struct_fields__ if name != "stages" for p in getattr(cfg, name).problems()]
+    problems = [p for name in cfg.__struct_fields__ if name not in ("stages", "trackers") for p in getattr(cfg, name).problems()]
     if cfg.run.target_heldout and not (cfg.eval.every > 0 and cfg.eval.periodic_tasks() > 0):
         problems.append("run.target_heldout needs eval.every > 0 and eval.tasks (or eval.curve_tasks) > 0 (held-out "
                         f"success is measured then, on the {cfg.eval.curve_range} range)")

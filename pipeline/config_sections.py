@@ -55,6 +55,9 @@ class RunSection(_Section):
     """Also fix glibc's mmap threshold, so freed tensors go straight back to the OS: flat RSS (bench_memory
     rss_growth -0.04 to -0.02 from 1,000 to 10,000 env steps) ~40 % lower, but up to ~20 % slower (0.80-0.98x
     env-steps/s side by side: a page-faulting mmap per large tensor). Turn it on for runs of hours."""
+    trackers: list[str] = []
+    """Experiment trackers fed with the run's figures (`pipeline.trackers`): tensorboard, wandb, mlflow; each
+    one's options in `[trackers.<name>]` (docs/trackers.md)."""
 
     def problems(self) -> list[str]:
         return _failed(
@@ -449,3 +452,5 @@ class RunConfig(_Section):
     transport: TransportSection = TransportSection()
     profile: ProfileSection = ProfileSection()
     stages: list[StageSpec] = []
+    trackers: dict[str, dict[str, Any]] = {}
+    """Each tracker's options, `[trackers.<name>]` (the tracker is chosen by `run.trackers`)."""

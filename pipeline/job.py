@@ -53,6 +53,7 @@ from .profiling import Profiler
 from .progress import Progress
 from .rundir import MetricsWriter, configure_logging, create_run_dir, write_summary
 from .stage import STAGES, build_stage
+from .trackers import Trackers, finish_run, open_run_trackers, tracker_problems
 from .task_ranges import heldout_ranges
 
 log = structlog.get_logger(__name__)
@@ -76,6 +77,7 @@ def name_checks(cfg: RunConfig) -> list[str]:
     problems += LOSSES.check(cfg.learner.loss, "learner.loss")
     problems += AGGREGATIONS.check(cfg.learner.aggregation, "learner.aggregation")
     problems += LR_SCHEDULES.check(cfg.learner.lr_schedule, "learner.lr_schedule")
+    problems += tracker_problems(cfg.run.trackers, cfg.trackers)
     problems += [f"allocator: {p}" for p in check_allocator(cfg.allocator.name, cfg.allocator.options)]
     for i, spec in enumerate(cfg.stages):
         stage_problems = STAGES.check(spec.target, f"stages[{i}].target")
@@ -225,14 +227,28 @@ async def run_job(
     torch.manual_seed(cfg.run.seed)
     torch.set_num_threads(cfg.run.torch_threads)
     built: list[Policy] = []  # every policy the job builds (the live one, the held-out evaluator's)
+    trackers, started, finished = Trackers(), time.time(), False
     try:
-        return await _run_phases(cfg, run_dir, checkpoint, progress, stop if stop is not None else trio.Event(), wall_started, built)
+        trackers = _open_trackers(cfg, run_dir, checkpoint if resume_dir is not None else None, resumed=resume_dir is not None)
+        result = await _run_phases(cfg, run_dir, checkpoint, progress, stop if stop is not None else trio.Event(), wall_started, built,
+                                   trackers=trackers)
+        finished = True
+        return result
     finally:
+        finish_run(trackers, run_dir, since=started, ok=finished)  # the summary and images, if written; then close
         with trio.CancelScope(shield=True):  # even on Ctrl-C or a failure: no engine process is left behind
             await _close_policies(built)
         if events_file is not None:
             configure_logging(None)  # later events (another job, a test) must not write to the closed file
             events_file.close()
+
+
+def _open_trackers(cfg: RunConfig, run_dir: Path, checkpoint: dict[str, Any] | None, *, resumed: bool) -> Trackers:
+    """`run.trackers`, opened before the warm start (a resumed run reopens the same tracker runs)."""
+    try:
+        return open_run_trackers(cfg, run_dir, resume_step=(checkpoint["version"] if checkpoint else 0) if resumed else None)
+    except Exception as exc:
+        raise RunFailed(f"a tracker of run.trackers could not start: {type(exc).__name__}: {exc}") from exc
 
 
 async def _close_policies(policies: list[Policy]) -> None:
@@ -250,7 +266,7 @@ async def _close_policies(policies: list[Policy]) -> None:
 
 async def _run_phases(
     cfg: RunConfig, run_dir: Path, checkpoint: dict[str, Any] | None, progress: Progress, stop: trio.Event, wall_started: float,
-    built: list[Policy],
+    built: list[Policy], *, trackers: Trackers,
 ) -> JobResult:
     job = dict(checkpoint["job"]) if checkpoint else {}
     suite = build_suite(cfg)
@@ -273,7 +289,7 @@ async def _run_phases(
     )
     parts.checkpointer.job["job_wall_s"] = job["job_wall_s"] + (time.perf_counter() - wall_started)  # wall outside GRPO
     tokens_before = _generated_tokens(policy)
-    metrics = MetricsWriter(run_dir)
+    metrics = MetricsWriter(run_dir, sinks=[trackers])
     try:
         async with parts.profiler.sampling(), watching() as load:  # the machine's load while GRPO runs
             outcome = await run_grpo(

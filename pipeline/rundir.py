@@ -15,9 +15,9 @@ import json
 import logging
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import structlog
 
@@ -81,12 +81,25 @@ def _clean(value: Any) -> Any:
     return value
 
 
+class MetricsSink(Protocol):
+    """Something else that takes each metrics row as it is written (`pipeline.trackers.Trackers`)."""
+
+    def log_row(self, row: Mapping[str, Any]) -> None: ...
+
+
 class MetricsWriter:
-    def __init__(self, run_dir: Path) -> None:
+    """metrics.jsonl, one row per line as it comes (update rows and held-out rows), each also handed to
+    `sinks` (the run's experiment trackers)."""
+
+    def __init__(self, run_dir: Path, sinks: Sequence[MetricsSink] = ()) -> None:
         self._file = (run_dir / "metrics.jsonl").open("a", buffering=1)
+        self._sinks = list(sinks)
 
     def write(self, row: Mapping[str, Any]) -> None:
-        self._file.write(json.dumps(_clean(dict(row)), sort_keys=False) + "\n")
+        clean = _clean(dict(row))
+        self._file.write(json.dumps(clean, sort_keys=False) + "\n")
+        for sink in self._sinks:
+            sink.log_row(clean)
 
     def close(self) -> None:
         self._file.close()
