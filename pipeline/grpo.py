@@ -50,7 +50,7 @@ from .runtime import (
     set_on,
 )
 from .stage import Stage, StageContext
-from .transport import open_context
+from .transport import new_secret, open_context
 from .updates import Phase, UpdateRecorder, live_status
 
 log = structlog.get_logger(__name__)
@@ -107,9 +107,10 @@ async def run_grpo(
     counted, the checkpoint is the last update boundary. `evaluate(version, weights)` measures held-out
     success every `eval.every` updates (and `run.target_heldout` may end the phase).
     """
-    async with open_context(cfg.transport.curve_dir) as zmq, processes.addresses(cfg) as t:  # CURVE on tcp when keyed
+    secret = new_secret()  # seals every frame of the phase's sockets; stage processes get it as they start
+    async with open_context(cfg.transport.curve_dir, secret=secret) as zmq, processes.addresses(cfg) as t:
         w = _build(cfg, suite, policy, tasks, allocator, trainer, profiler, metrics, progress, checkpointer, restore,
-                   evaluate, zmq.dropped_frames)
+                   evaluate, zmq.dropped_frames, secret)
         phase, ctx = w.phase, StageContext(zmq=zmq, addresses=t, run_dir=run_dir, profiler=profiler)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(monitor_loop_lag, phase.counters)
@@ -147,11 +148,11 @@ async def run_grpo(
 def _build(
     cfg: RunConfig, suite: EnvSuite, policy: Policy, tasks: Mapping[str, Task], allocator: Allocator, trainer: Trainer,
     profiler: Profiler, metrics: MetricsWriter, progress: Progress | None, checkpointer: resume.Checkpointer | None,
-    restore: Mapping[str, Any] | None, evaluate: Evaluate | None, dropped_frames: Any,
+    restore: Mapping[str, Any] | None, evaluate: Evaluate | None, dropped_frames: Any, secret: bytes,
 ) -> _Wiring:
     counters, slots = PhaseCounters(family_of={t.task_id: t.family for t in tasks.values()}), SlotPool(cfg.rollout.slots)
     pacer = StalenessPacer(cfg.learner.batch_groups, cfg.learner.max_staleness)
-    stages = processes.Stages(cfg, trainer, capture_state=checkpointer is not None)
+    stages = processes.Stages(cfg, trainer, capture_state=checkpointer is not None, secret=secret)
     events, events_in = trio.open_memory_channel[AnyMessage](1024)
     training_out, training = trio.open_memory_channel[GroupResult](4 * cfg.learner.batch_groups)
     lifecycle = GroupLifecycle(allocator, slots, pacer, counters, group_size=cfg.rollout.group_size,

@@ -11,7 +11,8 @@ Unions per stream:
 * `ResultStream`  rollout stage -> learner stage and observers: finished groups.
 * `LearnerStream` learner -> allocator / observers: weight versions and learner metrics.
 * `LearnerInbox`  runtime -> learner stage (results socket): training groups, announced first across processes.
-* `ReportStream`  stages in other processes -> runtime (reports socket): ready, learner updates, gate statistics.
+* `ReportStream`  stages in other processes -> runtime (reports socket): ready, learner updates, gate statistics,
+  the frames their sockets dropped.
 """
 
 from __future__ import annotations
@@ -189,9 +190,9 @@ class LearnerUpdated(_Message):
     train_seconds: float
     groups_trained: int
     weights: bytes
-    """torch.save of the new policy weights."""
+    """The new policy weights, `pipeline.tensors.pack`ed (never a pickle)."""
     trainer_state: bytes = b""
-    """torch.save of `Trainer.state_dict()` (empty: not asked for)."""
+    """`Trainer.state_dict()`, `pipeline.tensors.pack`ed (empty: not asked for)."""
 
 
 class LearnerDropped(_Message):
@@ -209,6 +210,14 @@ class GateReport(_Message):
     counters: dict[str, Any]
     final: bool = False
     """Its last report, sent once the parent told it to stop (shadow labels settled): the parent reads to it."""
+
+
+class FramesDropped(_Message):
+    """A stage in another process: the frames its own sockets dropped so far, by socket and reason (the
+    run's `dropped_frames` adds the last one of each stage)."""
+
+    stage: str
+    counts: dict[str, dict[str, int]]
 
 
 class Metrics(_Message):
@@ -238,7 +247,7 @@ class AbandonRequest(_Message):
 
 
 class LoadWeights(_Message):
-    """New weights for a decoding worker: `weights` is a `torch.save`d state dict."""
+    """New weights for a decoding worker: `weights` is a `pipeline.tensors.pack`ed state dict."""
 
     version: int
     weights: bytes
@@ -270,7 +279,7 @@ StepStream = GroupOpened | StepEvent | RolloutFailed | GroupClosed
 ControlStream = CancelGroup
 ResultStream = GroupResult
 LearnerInbox = GroupResult | GroupExpected
-ReportStream = StageReady | LearnerUpdated | LearnerDropped | GateReport
+ReportStream = StageReady | LearnerUpdated | LearnerDropped | GateReport | FramesDropped
 LearnerStream = WeightsPublished | Metrics
 WorkerInbox = ActRequest | AbandonRequest | LoadWeights
 WorkerOutbox = ActReply | WorkerReady
@@ -285,6 +294,7 @@ __all__ = [
     "AnyMessage",
     "CancelGroup",
     "ControlStream",
+    "FramesDropped",
     "GateReport",
     "GroupClosed",
     "GroupExpected",

@@ -7,14 +7,20 @@ Across processes:
 
 * the learner process builds the trainer from the config and the parent's trainer state (warm start or
   checkpoint), binds the results PULL, and sends `LearnerUpdated` (weights and, for checkpoints, the
-  trainer state, as torch.save bytes) and `LearnerDropped` to the parent's reports PULL; the runtime loads
-  the weights into the policy (which forwards them to its decoding workers). The runtime announces each
-  training group with `GroupExpected` on the results socket, just before the group.
+  trainer state, packed by `pipeline.tensors`: no pickle) and `LearnerDropped` to the parent's reports
+  PULL; the runtime loads the weights into the policy (which forwards them to its decoding workers). The
+  runtime announces each training group with `GroupExpected` on the results socket, just before the group.
+  The parent takes a `LearnerUpdated` only as the next version (last + 1) and drops anything else it
+  cannot have sent (an unknown stage, a second `StageReady`, a weights blob that does not unpack).
 * the gate process runs the gate stage (steps PULL, control PUSH) and sends a `GateReport` (statistics and
   checkpoint counters) at most every `REPORT_EVERY_S`; the metrics show the last one. Told to stop (SIGTERM,
   when the phase ends), it settles its shadow labels and sends a final `GateReport`, and the parent keeps
   reading the reports socket until that one arrives (at most `FINAL_REPORT_WAIT_S`): the summary shows it.
 * each sends `StageReady` once its sockets are open; the parent waits for it before it admits groups.
+* every socket of the phase is sealed with the run's secret (`pipeline.transport`): a child gets it in its
+  arguments file (0600, in a 0700 folder, deleted once read; never on its command line) and reports the
+  frames its own sockets dropped (`FramesDropped`, at most every `REPORT_EVERY_S`) so that the run's
+  `dropped_frames` counts them.
 * a child watches its parent and exits when the parent dies; the parent terminates its children when the
   phase ends, on Ctrl-C and on failure (SIGTERM, then SIGKILL after 5 s), and a child that
   exits on its own stops the run with `StageFailed` naming it.
@@ -25,7 +31,6 @@ This module is a composition root (it builds stages): the mechanism modules of `
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import pickle
 import signal
@@ -47,9 +52,11 @@ from stages.envs import build_suite
 from stages.gate_stage import GateStage
 from stages.policy import POLICIES
 
+from . import tensors
 from .config import RunConfig, TransportSection
 from .counters import GroupsConsumed, LearnerReport
 from .messages import (
+    FramesDropped,
     GateReport,
     GroupExpected,
     GroupResult,
@@ -84,15 +91,12 @@ async def addresses(cfg: RunConfig) -> AsyncIterator[TransportSection]:
 
 
 def _to_bytes(state: Mapping[str, Any] | None) -> bytes:
-    if state is None:
-        return b""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    return buffer.getvalue()
+    return b"" if state is None else tensors.pack(dict(state))
 
 
 def _from_bytes(blob: bytes) -> Any:
-    return torch.load(io.BytesIO(blob), weights_only=False) if blob else None  # our own child's frames
+    """A packed tree, or None (empty). Raises `tensors.WireError`: nothing here runs what a frame names."""
+    return tensors.unpack(blob) if blob else None
 
 
 class RemoteGate:
@@ -116,14 +120,17 @@ class RemoteGate:
 class Stages:
     """The gate and learner stages of one phase, and how the runtime talks to them."""
 
-    def __init__(self, cfg: RunConfig, trainer: Trainer, *, capture_state: bool) -> None:
+    def __init__(self, cfg: RunConfig, trainer: Trainer, *, capture_state: bool, secret: bytes = b"") -> None:
+        """`secret`: the run's secret (`transport.new_secret()`), handed to stage processes as they start."""
         self.cfg = cfg
         self.remote = cfg.transport.mode == "processes"
         self.version = 0
         """The learner's version when the phase starts (a resumed run's last update)."""
         self.gate_counters: Mapping[str, Any] | None = None
         """A resumed run's gate counters (handed to a gate in another process)."""
-        self._trainer, self._capture_state = trainer, capture_state
+        self._trainer, self._capture_state, self._secret = trainer, capture_state, secret
+        self._learner_version = 0
+        """The last version a learner process reported (a report is taken only as the next one)."""
         self._reports_out, self.reports = trio.open_memory_channel[Any](8)
         self._ready: dict[str, trio.Event] = {"gate": trio.Event(), "learner": trio.Event()}
         self._ended: dict[str, trio.Event] = {"gate": trio.Event(), "learner": trio.Event()}
@@ -165,14 +172,15 @@ class Stages:
             await self.learner.run(ctx, task_status=task_status)
             return
         state = self._trainer.state_dict()
-        args = (self.cfg, ctx.addresses, str(ctx.run_dir), state, self.version, self._capture_state, os.getpid())
+        args = (self.cfg, ctx.addresses, str(ctx.run_dir), state, self.version, self._capture_state, os.getpid(),
+                self._secret)
         await _supervise("learner", args, self._ready["learner"], self._ended["learner"], task_status=task_status)
 
     async def run_gate(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         if isinstance(self.gate, GateStage):
             await self.gate.run(ctx, task_status=task_status)
             return
-        args = (self.cfg, ctx.addresses, str(ctx.run_dir), self.gate_counters, os.getpid())
+        args = (self.cfg, ctx.addresses, str(ctx.run_dir), self.gate_counters, os.getpid(), self._secret)
         await _supervise("gate", args, self._ready["gate"], self._ended["gate"], task_status=task_status)
 
     async def receive_reports(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -187,25 +195,28 @@ class Stages:
             task_status.started()
             return
         t = ctx.addresses
+        self._learner_version = self.version
         pull = ctx.zmq.socket("pull", t.reports, bind=True, receives=ReportStream, hwm=t.hwm, name="reports")
         async with pull, self._reports_out:
             task_status.started()
             try:
                 async for message in pull:
-                    await self._take(message)
+                    await self._take(message, pull, ctx.zmq)
             finally:
                 if self._final_gate_report_due():
                     with trio.move_on_after(FINAL_REPORT_WAIT_S, shield=True):
-                        await self._read_final_gate_report(pull)
+                        await self._read_final_gate_report(pull, ctx.zmq)
 
     def _final_gate_report_due(self) -> bool:
         """A gate process that reported ready and still runs answers its stop with a final report."""
         return isinstance(self.gate, RemoteGate) and self._ready["gate"].is_set() and not self._ended["gate"].is_set()
 
-    async def _read_final_gate_report(self, pull: Any) -> None:
+    async def _read_final_gate_report(self, pull: Any, zmq: Context) -> None:
         """Read to the gate's final report; a learner's report now comes after the last update: not counted."""
         async for message in pull:
-            if isinstance(message, GateReport):
+            if isinstance(message, FramesDropped) and message.stage in self._ready:
+                zmq.record_remote_drops(message.stage, message.counts)
+            elif isinstance(message, GateReport):
                 self._take_gate_report(message)
                 if message.final:
                     return
@@ -214,21 +225,41 @@ class Stages:
         assert isinstance(self.gate, RemoteGate)
         self.gate._statistics, self.gate._counters = message.statistics, message.counters
 
-    async def _take(self, message: ReportStream) -> None:
+    async def _take(self, message: ReportStream, pull: Any, zmq: Context) -> None:
         match message:
             case StageReady(stage=stage):
+                if stage not in self._ready or self._ready[stage].is_set():
+                    pull.drop("unexpected_ready", f"StageReady of {stage!r}")
+                    return
                 if isinstance(self.gate, RemoteGate) and stage == "gate":
                     self.gate.name, self.gate.shadow = message.gate, message.shadow
                 self._ready[stage].set()
             case GateReport() if isinstance(self.gate, RemoteGate):
                 self._take_gate_report(message)
+            case FramesDropped(stage=stage, counts=counts) if stage in self._ready:
+                zmq.record_remote_drops(stage, counts)
             case LearnerDropped(zero_variance=zv, cut=cut):
                 await self._reports_out.send(GroupsConsumed(zero_variance=zv, cut=cut))
             case LearnerUpdated():
-                await self._reports_out.send(LearnerReport(
-                    version=message.version, stats=message.stats, train_seconds=message.train_seconds,
-                    weights=_from_bytes(message.weights), trainer_state=_from_bytes(message.trainer_state),
-                    groups_trained=message.groups_trained))
+                report = self._learner_report(message, pull)
+                if report is not None:
+                    await self._reports_out.send(report)
+            case _:
+                pull.drop("unexpected_report", type(message).__name__)
+
+    def _learner_report(self, message: LearnerUpdated, pull: Any) -> LearnerReport | None:
+        """The report of the next update (last + 1) whose tensors unpack; None (dropped, counted) otherwise."""
+        if message.version != self._learner_version + 1:
+            pull.drop("version_out_of_order", f"version {message.version} after {self._learner_version}")
+            return None
+        try:
+            weights, state = tensors.unpack_weights(message.weights), _from_bytes(message.trainer_state)
+        except tensors.WireError as exc:
+            pull.drop("bad_tensors", f"version {message.version}: {exc}")
+            return None
+        self._learner_version = message.version
+        return LearnerReport(version=message.version, stats=message.stats, train_seconds=message.train_seconds,
+                             weights=weights, trainer_state=state, groups_trained=message.groups_trained)
 
 
 class _SocketAnnouncer:
@@ -248,13 +279,20 @@ async def _supervise(name: str, args: tuple[Any, ...], ready: trio.Event, ended:
     of it can come any more) and fails the run."""
     with tempfile.TemporaryDirectory(prefix=f"rollcut-{name}-") as folder:  # 0700: the arguments stay private
         path = Path(folder) / "args.pkl"
-        path.write_bytes(pickle.dumps((sys.path, pickle.dumps(args))))  # the child imports what this process can
+        _write_private(path, pickle.dumps((sys.path, pickle.dumps(args))))  # the child imports what this process can
         command = [sys.executable, "-m", "pipeline.processes", name, str(path)]
         env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_run_child, name, command, env, ended)
             await ready.wait()
             task_status.started()
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write a file only its owner can read, from the start (it holds the run's secret)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
 
 
 async def _run_child(name: str, command: list[str], env: dict[str, str], ended: trio.Event) -> None:
@@ -275,14 +313,32 @@ async def _watch_parent(parent: int, cancel: trio.CancelScope) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _child(addresses: TransportSection, parent: int) -> AsyncIterator[tuple[Context, Any, trio.Nursery]]:
-    """A child's zmq context, its reports PUSH and a nursery cancelled when the parent dies."""
-    async with open_context(addresses.curve_dir) as zmq, trio.open_nursery() as nursery:
+async def _child(stage: str, addresses: TransportSection, parent: int,
+                 secret: bytes) -> AsyncIterator[tuple[Context, Any, trio.Nursery]]:
+    """A child's zmq context (sealed with the run's secret), its reports PUSH, and a nursery cancelled when
+    the parent dies that also reports the frames this process's sockets drop."""
+    async with open_context(addresses.curve_dir, secret=secret) as zmq, trio.open_nursery() as nursery:
         nursery.start_soon(_watch_parent, parent, nursery.cancel_scope)
         reports = zmq.socket("push", addresses.reports, bind=False, hwm=addresses.hwm)
         async with reports:
+            nursery.start_soon(_report_drops, stage, zmq, reports)
             yield zmq, reports, nursery
         nursery.cancel_scope.cancel()
+
+
+async def _report_drops(stage: str, zmq: Context, reports: Any) -> None:
+    """A `FramesDropped` at most every REPORT_EVERY_S, when this process's sockets dropped more frames."""
+    last: dict[str, dict[str, int]] = {}
+    while True:
+        await trio.sleep(REPORT_EVERY_S)
+        last = await _send_drops(stage, zmq, reports, last)
+
+
+async def _send_drops(stage: str, zmq: Context, reports: Any, last: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    counts = zmq.dropped_frames()
+    if counts != last:
+        await reports.send(FramesDropped(stage=stage, counts=counts))
+    return counts
 
 
 class _WireReports:
@@ -302,7 +358,7 @@ class _WireReports:
 
 
 async def _serve_learner(cfg: RunConfig, t: TransportSection, run_dir: str, state: Mapping[str, Any], version: int,
-                         capture_state: bool, parent: int) -> None:
+                         capture_state: bool, parent: int, secret: bytes) -> None:
     torch.set_num_threads(cfg.learner.torch_threads)
     suite = build_suite(cfg.env.name, cfg.env.options, max_steps=cfg.env.max_steps)  # as the run builds it
     no_warm = msgspec.structs.replace(cfg.pretrain, enabled=False)
@@ -312,7 +368,7 @@ async def _serve_learner(cfg: RunConfig, t: TransportSection, run_dir: str, stat
     trainer = Trainer(model, cfg.learner, LOSSES.get(cfg.learner.loss), temperature=cfg.policy.temperature,
                       top_p=cfg.policy.top_p, seed=cfg.run.seed, total_updates=cfg.run.updates)
     trainer.load_state_dict(dict(state))
-    async with _child(t, parent) as (zmq, reports, nursery):
+    async with _child("learner", t, parent, secret) as (zmq, reports, nursery):
         learner = LearnerStage(trainer, cfg.learner, reports=_WireReports(reports), version=version,
                                capture_state=capture_state, announced_on_socket=True)
         ctx = StageContext(zmq=zmq, addresses=t, run_dir=Path(run_dir), profiler=Profiler(enabled=False))
@@ -322,12 +378,12 @@ async def _serve_learner(cfg: RunConfig, t: TransportSection, run_dir: str, stat
 
 
 async def _serve_gate(cfg: RunConfig, t: TransportSection, run_dir: str, counters: Mapping[str, Any] | None,
-                     parent: int) -> None:
+                     parent: int, secret: bytes) -> None:
     gate = GateStage(gate=cfg.gate.name, k=cfg.gate.k, tau=cfg.gate.tau, checkpoints=cfg.gate.checkpoints,
                      shadow=cfg.gate.shadow, options=cfg.gate.options)
     if counters is not None:
         gate.load_counters(counters)
-    async with _child(t, parent) as (zmq, reports, _):
+    async with _child("gate", t, parent, secret) as (zmq, reports, _):
         ctx = StageContext(zmq=zmq, addresses=t, run_dir=Path(run_dir), profiler=Profiler(enabled=False))
         # The parent stops this process with SIGTERM when the phase ends; the statistics since the last
         # periodic report (all of them, in a phase shorter than REPORT_EVERY_S) would die with it.
@@ -340,6 +396,7 @@ async def _serve_gate(cfg: RunConfig, t: TransportSection, run_dir: str, counter
                     break
                 serving.cancel_scope.cancel()  # the step stream ends here, as the in-process gate's does
         gate.finish()  # settle pending shadow labels, as `run_grpo` does for a gate in its process
+        await _send_drops("gate", zmq, reports, {})  # before the final report: the parent reads to that one
         await reports.send(GateReport(statistics=dict(gate.statistics()), counters=gate.counters_state(), final=True))
         # leaving `_child` closes the socket with its linger and ctx.term() flushes this last frame
 
@@ -364,7 +421,8 @@ def main() -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
     stage, path = sys.argv[1], Path(sys.argv[2])
-    sys_path, blob = pickle.loads(path.read_bytes())
+    sys_path, blob = pickle.loads(path.read_bytes())  # written by the parent into its private folder: no socket
+    path.unlink()  # it holds the run's secret
     sys.path[:] = [*sys_path, *(p for p in sys.path if p not in sys_path)]  # plugins named `module:Class` import here too
     args = pickle.loads(blob)
     configure_logging(None)

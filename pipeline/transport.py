@@ -25,12 +25,23 @@ address that is not loopback unless `transport.allow_remote` is set or CURVE key
 `open_context(curve_dir=...)` every tcp socket uses ZeroMQ CURVE (pipeline/curve.py): only peers whose public
 key is listed get through, and each refused handshake is counted on the binding socket's `dropped_frames`
 (`unauthenticated`, `handshake_failed`). See docs/architecture.md, "Transport security".
+
+Frames from strangers: `open_context(secret=...)` (the run's per-run secret, `new_secret()`) seals every
+frame of its point-to-point sockets (push, pull, pair, dealer, router): each message goes out as two
+frames, a keyed BLAKE2b tag of the payload under the secret, then the payload. A receiving socket drops a
+message whose tag is missing or wrong as `bad_token` before decoding it, so only the run's own processes
+(which got the secret when they were started) can send a frame that any stage reads. The secret itself
+never travels and is never logged. The events PUB/SUB stream is not sealed: nothing the run reads comes
+from it, and observers in other processes read it without the secret.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+import hashlib
+import hmac
+import secrets
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
@@ -59,6 +70,21 @@ DEFAULT_LINGER_MS = 5_000
 WARN_FIRST = 10
 """Dropped frames of one socket logged one by one; after that, one summary line every WARN_EVERY drops."""
 WARN_EVERY = 1_000
+SECRET_BYTES = 32
+TAG_BYTES = 16
+"""A frame's tag: keyed BLAKE2b of its payload (16 bytes: a forger's chance per frame is 2^-128)."""
+_SEALED_KINDS = frozenset({"push", "pull", "pair", "dealer", "router"})
+"""The sockets a secret seals: everything but the events stream's PUB / SUB."""
+
+
+def new_secret() -> bytes:
+    """A fresh per-run secret (random; hand it to stage processes privately, never on a command line)."""
+    return secrets.token_bytes(SECRET_BYTES)
+
+
+def frame_tag(secret: bytes, payload: bytes | memoryview) -> bytes:
+    """The tag a sealed socket sends before `payload` (and checks on receipt)."""
+    return hashlib.blake2b(payload, key=secret, digest_size=TAG_BYTES).digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,23 +99,32 @@ class SocketStatistics:
 class Context:
     """A zmq context whose lifetime is a Trio `async with` block (see `open_context`)."""
 
-    def __init__(self, ctx: zmq.Context[Any], keys: curve.CurveKeys | None = None, nursery: trio.Nursery | None = None) -> None:
+    def __init__(self, ctx: zmq.Context[Any], keys: curve.CurveKeys | None = None, nursery: trio.Nursery | None = None,
+                 *, secret: bytes = b"") -> None:
         self._ctx = ctx
         self._sockets: list[Socket[Any]] = []
         self._keys = keys
+        self._secret = secret  # seals the point-to-point sockets (never logged: no repr shows it)
+        self._remote: dict[str, dict[str, dict[str, int]]] = {}
+        """The last dropped-frame counts each stage process reported (`record_remote_drops`)."""
         self._nursery = nursery  # runs the refusal monitors of CURVE server sockets
         assert keys is None or nursery is not None, "CURVE needs a nursery for its monitors"
 
     def dropped_frames(self) -> dict[str, dict[str, int]]:
         """Dropped frames by reason of every receiving socket (and refused peers of every CURVE server
-        socket) opened so far, by socket name."""
+        socket) opened so far, by socket name, with what stage processes reported of theirs."""
         out: dict[str, dict[str, int]] = {}
         for sock in self._sockets:
             if sock.receives is not None or sock.statistics().dropped_frames:
-                counts = out.setdefault(sock.name, {})
-                for reason, n in sock.statistics().dropped_by_reason.items():
-                    counts[reason] = counts.get(reason, 0) + n
+                _add(out.setdefault(sock.name, {}), sock.statistics().dropped_by_reason)
+        for remote in self._remote.values():
+            for name, reasons in remote.items():
+                _add(out.setdefault(name, {}), reasons)
         return out
+
+    def record_remote_drops(self, origin: str, counts: Mapping[str, Mapping[str, int]]) -> None:
+        """The dropped-frame counts (so far) of the sockets of stage process `origin`; replaces its last ones."""
+        self._remote[origin] = {name: dict(reasons) for name, reasons in counts.items()}
 
     def close_all(self) -> None:
         """Close every socket still open (each with its linger); term() needs them all closed."""
@@ -146,7 +181,8 @@ class Context:
                 monitor.close(linger=0)
             raw.close(linger=0)
             raise OSError(f"cannot {'bind' if bind else 'connect'} {kind} socket to {address}: {exc}") from exc
-        sock: Socket[Any] = Socket(raw, address, receives, name=name)
+        secret = self._secret if kind in _SEALED_KINDS else b""
+        sock: Socket[Any] = Socket(raw, address, receives, name=name, secret=secret)
         self._sockets.append(sock)
         if monitor is not None:
             assert self._nursery is not None
@@ -154,9 +190,17 @@ class Context:
         return sock
 
 
+def _add(into: dict[str, int], counts: Mapping[str, int]) -> None:
+    for reason, n in counts.items():
+        into[reason] = into.get(reason, 0) + n
+
+
 @contextlib.asynccontextmanager
-async def open_context(curve_dir: str = "") -> AsyncIterator[Context]:
+async def open_context(curve_dir: str = "", *, secret: bytes = b"") -> AsyncIterator[Context]:
     """A fresh zmq context, terminated on exit (after sockets close, so their linger is honoured).
+
+    With `secret` (`new_secret()`) its point-to-point sockets send sealed messages and drop unsealed or
+    wrongly sealed ones as `bad_token` (see the module doc); without it they send and accept bare frames.
 
     `ctx.term()` blocks until every socket is closed and flushed; it runs in a worker thread so the Trio
     loop stays responsive while messages drain. With `curve_dir` (a folder `curve_problems` accepts) tcp
@@ -164,7 +208,7 @@ async def open_context(curve_dir: str = "") -> AsyncIterator[Context]:
     cancelled when the block ends, before the sockets close.
     """
     ctx: zmq.Context[Any] = zmq.Context()
-    wrapper = Context(ctx)
+    wrapper = Context(ctx, secret=secret)
     try:
         if not curve_dir:
             yield wrapper
@@ -172,7 +216,7 @@ async def open_context(curve_dir: str = "") -> AsyncIterator[Context]:
         keys = curve.load_keys(curve_dir)
         async with trio.open_nursery() as nursery:  # a failure in the body comes out in an ExceptionGroup
             await nursery.start(curve.serve_zap, ctx, keys.authorized)
-            wrapper = Context(ctx, keys, nursery)
+            wrapper = Context(ctx, keys, nursery, secret=secret)
             yield wrapper
             nursery.cancel_scope.cancel()
     finally:
@@ -184,8 +228,10 @@ async def open_context(curve_dir: str = "") -> AsyncIterator[Context]:
 class Socket(Generic[T]):
     """One zmq socket driven from Trio. One owner task for sending, one for receiving (may be the same)."""
 
-    def __init__(self, raw: zmq.Socket[Any], address: str, receives: Any, *, name: str | None = None) -> None:
+    def __init__(self, raw: zmq.Socket[Any], address: str, receives: Any, *, name: str | None = None,
+                 secret: bytes = b"") -> None:
         self._raw = raw
+        self._secret = secret
         self.address = address
         self.name = name or address
         self.receives = receives
@@ -233,9 +279,13 @@ class Socket(Generic[T]):
         await self.send_bytes(self._encoder.encode(message))
 
     async def send_bytes(self, frame: bytes) -> None:
+        """Send one frame as it is (sealed with its tag when the context has a secret)."""
         while True:
             try:
-                self._raw.send(frame, zmq.NOBLOCK, copy=False)
+                if self._secret:
+                    self._raw.send_multipart([frame_tag(self._secret, frame), frame], zmq.NOBLOCK, copy=False)
+                else:
+                    self._raw.send(frame, zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 await self._wait(zmq.POLLOUT)
                 continue
@@ -257,8 +307,11 @@ class Socket(Generic[T]):
         elif n % WARN_EVERY == 0:
             log.warning("transport.bad_frames", socket=self.name, dropped=n, by_reason=dict(self._dropped))
 
-    def _decode(self, frame: bytes) -> Any:
+    def _decode(self, message: list[bytes]) -> Any:
         assert self._decoder is not None, "this socket was opened without a message type"
+        frame = self._unseal(message)
+        if frame is None:
+            return _DROPPED
         try:
             return self._decoder.decode(frame)
         except msgspec.ValidationError as exc:
@@ -267,23 +320,34 @@ class Socket(Generic[T]):
             self.drop("empty" if not frame else "undecodable", f"{len(frame)} bytes: {exc}")
         return _DROPPED
 
-    def _recv_nowait(self) -> bytes | None:
+    def _unseal(self, message: list[bytes]) -> bytes | None:
+        """The payload of a message; None (dropped as `bad_token`) when the socket is sealed and the message
+        is not two frames, the first the payload's tag under the secret."""
+        if not self._secret:
+            return message[0]
+        if len(message) != 2 or not hmac.compare_digest(message[0], frame_tag(self._secret, message[1])):
+            self.drop("bad_token", f"{len(message)} frame(s), {sum(map(len, message))} bytes")
+            return None
+        return message[1]
+
+    def _recv_nowait(self) -> list[bytes] | None:
+        """One message: its frames when sealed (checked by `_unseal`), else one frame."""
         try:
-            frame = self._raw.recv(zmq.NOBLOCK)
+            message = self._raw.recv_multipart(zmq.NOBLOCK) if self._secret else [self._raw.recv(zmq.NOBLOCK)]
         except zmq.Again:
             return None
         self._received += 1
         self._kick()
-        return frame
+        return message
 
     async def receive(self) -> T:
         """The next message that decodes (bad frames are counted and skipped)."""
         while True:
-            frame = self._recv_nowait()
-            if frame is None:
+            received = self._recv_nowait()
+            if received is None:
                 await self._wait(zmq.POLLIN)
                 continue
-            message = self._decode(frame)
+            message = self._decode(received)
             if message is not _DROPPED:
                 await trio.lowlevel.checkpoint()
                 return message
@@ -296,20 +360,20 @@ class Socket(Generic[T]):
             if first is None:
                 await self._wait(zmq.POLLIN)
                 continue
-            for frame in self._drain(first, max_messages):
-                message = self._decode(frame)
+            for received in self._drain(first, max_messages):
+                message = self._decode(received)
                 if message is not _DROPPED:
                     out.append(message)
         await trio.lowlevel.checkpoint()
         return out
 
-    def _drain(self, first: bytes, max_messages: int) -> Iterator[bytes]:
+    def _drain(self, first: list[bytes], max_messages: int) -> Iterator[list[bytes]]:
         yield first
         for _ in range(max_messages - 1):
-            frame = self._recv_nowait()
-            if frame is None:
+            received = self._recv_nowait()
+            if received is None:
                 return
-            yield frame
+            yield received
 
     def __aiter__(self) -> AsyncIterator[T]:
         return self._iterate()

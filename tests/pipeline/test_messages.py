@@ -9,6 +9,7 @@ from pipeline.messages import (
     ActRequest,
     AnyMessage,
     CancelGroup,
+    FramesDropped,
     GateReport,
     GroupClosed,
     GroupExpected,
@@ -74,6 +75,7 @@ WORKER_EXAMPLES = [
     (LearnerDropped(zero_variance=True), ReportStream),
     (GateReport(statistics={"gate/decisions": 3.0, "gate/us_per_decision": None}, counters={"cuts": 1, "groups_by_kind": {"group": 2}}), ReportStream),
     (GateReport(statistics={"gate/decisions/group": 3, "gate/us_per_decision": 41.5}, counters={}, final=True), ReportStream),
+    (FramesDropped(stage="learner", counts={"results": {"bad_token": 3, "unknown_group": 1}}), ReportStream),
 ]
 
 

@@ -49,3 +49,78 @@ async def test_a_learner_report_survives_the_wire():
     assert torch.equal(processes._from_bytes(frame.weights)["w"], torch.arange(3.0))
     back = processes._from_bytes(frame.trainer_state)
     assert torch.equal(back["model"]["w"], torch.ones(2)) and back["rng"] == (3, (1, 2), None)
+
+
+class _TouchesAFile:
+    """Unpickling this opens (creates) `path`: what a forged pickle payload could do in the training process."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _update(version, weights=None, state=b""):
+    weights = processes._to_bytes({"w": torch.ones(2)}) if weights is None else weights
+    return LearnerUpdated(version=version, stats={}, train_seconds=0.0, groups_trained=2, weights=weights,
+                          trainer_state=state)
+
+
+async def _read_reports(cfg, messages):
+    """Run the reports reader of a remote-stage `Stages`, send it `messages` then the learner's next report
+    (version 1) on one socket, and return once that arrived (so every message before it was read)."""
+    import trio
+
+    from pipeline.profiling import Profiler
+    from pipeline.stage import StageContext
+    from pipeline.transport import open_context
+
+    stages = processes.Stages(cfg, trainer=None, capture_state=True)
+    t = msgspec.structs.replace(cfg.transport, reports="inproc://reports")
+    async with open_context() as zmq, trio.open_nursery() as nursery:
+        await nursery.start(stages.receive_reports, StageContext(zmq=zmq, addresses=t, run_dir=Path("."),
+                                                                  profiler=Profiler(enabled=False)))
+        push = zmq.socket("push", t.reports, bind=False)
+        for message in [*messages, _update(1)]:
+            await push.send(message)
+        with trio.fail_after(10):
+            report = await stages.reports.receive()
+        nursery.cancel_scope.cancel()
+    return stages, report, zmq.dropped_frames()
+
+
+async def test_a_forged_learner_report_is_dropped_and_counted_and_runs_no_pickle(tmp_path):
+    """Issue 34: weights and trainer state cross the reports socket packed (`pipeline.tensors`), never as a
+    pickle: a report whose weights or trainer state is a pickle (raw, or torch.save'd) that would create a
+    file is dropped as `bad_tensors`, the file never appears; a report that is not the next version is
+    dropped as `version_out_of_order`; the real next one gets through."""
+    import io
+    import pickle
+
+    touched = tmp_path / "touched"
+    saved = io.BytesIO()
+    torch.save({"w": _TouchesAFile(touched)}, saved)
+    good = processes._to_bytes({"w": torch.ones(2)})
+    forged = [_update(1, pickle.dumps(_TouchesAFile(touched))), _update(1, saved.getvalue()),
+              _update(1, state=saved.getvalue()), _update(1, good[:-3]), _update(3), _update(0)]
+    _, report, dropped = await _read_reports(load_config(None, ["transport.mode=processes"]), forged)
+    assert report.version == 1 and torch.equal(report.weights["w"], torch.ones(2))
+    assert not touched.exists()
+    assert dropped["reports"] == {"bad_tensors": 4, "version_out_of_order": 2}
+
+
+async def test_reports_a_stage_process_cannot_have_sent_are_dropped_and_its_drop_counts_are_added(tmp_path):
+    """A second `StageReady`, one of an unknown stage, drop counts of an unknown stage: dropped and counted;
+    a stage's `FramesDropped` (its own sockets' drops) joins the run's `dropped_frames`."""
+    from pipeline.messages import FramesDropped, StageReady
+
+    cfg = load_config(None, ["transport.mode=processes", "gate.shadow=true"])
+    stages, _, dropped = await _read_reports(cfg, [
+        StageReady(stage="gate", gate="stall", shadow=True), StageReady(stage="gate", gate="forged"),
+        StageReady(stage="stranger"), FramesDropped(stage="stranger", counts={"x": {"y": 1}}),
+        FramesDropped(stage="learner", counts={"results": {"bad_token": 3}}),
+        FramesDropped(stage="learner", counts={"results": {"bad_token": 5}})])
+    assert stages.gate_identity() == ("stall", True)  # the first StageReady of the gate, not the forged second
+    assert dropped == {"reports": {"unexpected_ready": 2, "unexpected_report": 1},
+                       "results": {"bad_token": 5}}  # a stage's last counts, not their sum
