@@ -168,7 +168,7 @@ def _resume(args: argparse.Namespace) -> int:
 async def _pretrain(cfg) -> None:  # noqa: ANN001
     import trio
 
-    from pipeline.job import build_policy, build_suite, evaluate_heldout, heldout_tasks
+    from pipeline.job import _close_policies, build_policy, build_suite, evaluate_heldout, heldout_tasks
     from pipeline.progress import Progress
     from pipeline.rundir import configure_logging
 
@@ -176,7 +176,11 @@ async def _pretrain(cfg) -> None:  # noqa: ANN001
     Progress(0, enabled=cfg.run.progress).activate()
     suite = build_suite(cfg)
     policy = await trio.to_thread.run_sync(build_policy, cfg, suite)
-    for split, report in (await evaluate_heldout(policy, suite, heldout_tasks(cfg, suite), cfg.eval.greedy)).items():
+    try:
+        reports = await evaluate_heldout(policy, suite, heldout_tasks(cfg, suite), cfg.eval.greedy)
+    finally:  # a backend holding an engine (vllm) shuts it down; main's os._exit would orphan its processes
+        await _close_policies([policy])
+    for split, report in reports.items():
         families = ", ".join(f"{f} {v:.0%}" for f, v in sorted(report.per_family.items()))
         print(f"{split}: success {report.success:.1%} over {len(report.episodes)} tasks of the {cfg.eval.range} range ({families})")
 
