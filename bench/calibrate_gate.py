@@ -1,7 +1,7 @@
 """Calibrate in-flight gates on the default workload: precision / recall / savings per setting, with the ceiling.
 
     nice -n 10 python bench/calibrate_gate.py [--seeds 0 1 2] [--groups 128] [--out docs/gate_table.md]
-                                              [--set section.key=value ...] [--fresh]
+                                              [--config FILE] [--set section.key=value ...] [--fresh]
 
 1. Collect (once per policy and seed, cached under runs/calibration/): `--groups` first-stage groups of
    G = rollout.group_size rollouts of train tasks (drawn by the seed from the allocator's pool), rolled out
@@ -110,19 +110,39 @@ def _weights_key(policy) -> str:
     return digest.hexdigest()[:12]
 
 
-def collect(overrides: Sequence[str], seed: int, n_groups: int, fresh: bool) -> list[RecordedGroup]:
-    cfg = load(None, [*overrides, f"run.seed={seed}"])
+def _served_key(cfg) -> str | None:
+    """A served model's key (a backend with a model directory, e.g. vllm): its safetensors files and the
+    policy section (its prompt options shape the rollouts); known before an engine starts. None for torch_tiny."""
+    if cfg.policy.backend == "torch_tiny" or not cfg.policy.model:
+        return None
+    digest = hashlib.sha256(msgspec.json.encode(cfg.policy))
+    for path in sorted(Path(cfg.policy.model).glob("*.safetensors")):
+        with path.open("rb") as f:
+            for block in iter(lambda f=f: f.read(1 << 24), b""):
+                digest.update(block)
+    return digest.hexdigest()[:12]
+
+
+def collect(overrides: Sequence[str], seed: int, n_groups: int, fresh: bool, config: str | None = None) -> list[RecordedGroup]:
+    cfg = load(config, [*overrides, f"run.seed={seed}"])
     torch.set_num_threads(cfg.run.torch_threads)  # as run_job: one intra-op thread unless configured
     suite = build_suite(cfg)
-    policy = build_policy(cfg, suite)
-    path = CACHE / f"groups-{cfg.env.name}-seed{seed}-n{n_groups}-{_weights_key(policy)}.msgpack"
+    key = _served_key(cfg)
+    policy = build_policy(cfg, suite) if key is None else None
+    path = CACHE / f"groups-{cfg.env.name}-seed{seed}-n{n_groups}-{key or _weights_key(policy)}.msgpack"
     if path.exists() and not fresh:
         print(f"  seed {seed}: cached {path}", file=sys.stderr)
         return msgspec.msgpack.decode(path.read_bytes(), type=list[RecordedGroup])
+    policy = policy or build_policy(cfg, suite)
     pool = list(suite.tasks("train"))
     pool = pool[: cfg.env.train_tasks] if cfg.env.train_tasks else pool
     tasks = random.Random(seed).sample(pool, n_groups)
-    groups = trio.run(_collect_async, cfg, suite, policy, tasks, seed)
+    try:
+        groups = trio.run(_collect_async, cfg, suite, policy, tasks, seed)
+    finally:
+        close = getattr(policy, "close", None)
+        if close is not None:  # a served model's engine (vLLM) shuts down here
+            close()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(msgspec.msgpack.encode(groups))
     print(f"  seed {seed}: wrote {path}", file=sys.stderr)
@@ -334,9 +354,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None, help="also write the tables (markdown) here")
     parser.add_argument("--fresh", action="store_true", help="collect again even if a recording is cached")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override, as run.py")
+    parser.add_argument("--config", help="TOML config file, as run.py (e.g. configs/smollm2.toml)")
     args = parser.parse_args(argv)
     configure_logging(None)
-    groups = [g for seed in args.seeds for g in collect(args.overrides, seed, args.groups, args.fresh)]
+    groups = [g for seed in args.seeds for g in collect(args.overrides, seed, args.groups, args.fresh, args.config)]
     text = report(groups, families(groups, default_candidates(), not args.no_combinations), args.min_precision)
     print(text)
     if args.out:
