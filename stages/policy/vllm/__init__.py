@@ -48,6 +48,8 @@ class VllmOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     show_admissible: bool = False
     max_obs_words: int = 64
     max_prompt_tokens: int = 400
+    instruction: str = ""
+    """Put before the task in the prompt's first (system) message: what a pretrained chat model should answer."""
     fuzzy_cutoff: float = 75.0
     max_model_len: int = 512
     dtype: str = "auto"
@@ -159,6 +161,9 @@ def make_model_main(argv: list[str]) -> int:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: a second thread only spins on a shared machine)"
     )
+    parser.add_argument("--from", dest="source", help="behaviour-clone this model directory (e.g. import-model's) instead")
+    parser.add_argument("--lora-rank", type=int, default=0, help="with --from: train a LoRA of this rank, merged on save")
+    parser.add_argument("--max-updates", type=int, default=0, help="stop BC after this many optimizer steps (0: all)")
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
@@ -178,17 +183,31 @@ def make_model_main(argv: list[str]) -> int:
 
     torch.set_num_threads(max(1, args.threads))
     p = cfg.pretrain
+    bc = BcSettings(
+        demos=p.demos if args.demos is None else args.demos,
+        epochs=p.epochs if args.epochs is None else args.epochs,
+        lr=p.lr,
+        batch_size=p.batch_size,
+        noise=p.noise,
+    )
+    if args.source is not None:
+        from ._lora import LoraSettings
+        from ._make_model import finetune_model
+
+        if not (Path(args.source) / "config.json").is_file():
+            parser.exit(2, f"run.py make-model: --from {args.source!r} is not a model directory (no config.json)\n")
+        lora = LoraSettings(args.lora_rank, opts.lora_alpha, tuple(opts.lora_target_modules)) if args.lora_rank > 0 else None
+        report = finetune_model(
+            Path(args.source), Path(args.out), build_suite(cfg), bc=bc, prompt_options=opts, lora=lora,
+            max_updates=args.max_updates, seed=cfg.run.seed,
+        )
+        print(json.dumps(report))
+        return 0
     report = make_model(
         Path(args.out),
         build_suite(cfg),
         shape=ModelShape(layers=args.layers, hidden=args.hidden, heads=args.heads, max_len=opts.max_model_len),
-        bc=BcSettings(
-            demos=p.demos if args.demos is None else args.demos,
-            epochs=p.epochs if args.epochs is None else args.epochs,
-            lr=p.lr,
-            batch_size=p.batch_size,
-            noise=p.noise,
-        ),
+        bc=bc,
         prompt_options=opts,
         max_new_tokens=cfg.policy.max_new_tokens,
         eval_tasks=args.eval_tasks,

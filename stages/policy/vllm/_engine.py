@@ -87,6 +87,7 @@ def start_engine(cfg: PolicySection, opts: VllmOptions, *, seed: int) -> VllmPol
         show_admissible=opts.show_admissible,
         max_obs_words=opts.max_obs_words,
         max_prompt_tokens=opts.max_prompt_tokens,
+        instruction=opts.instruction,
     )
     sampling = Sampling(
         temperature=cfg.temperature,

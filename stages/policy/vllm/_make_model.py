@@ -168,6 +168,47 @@ def make_model(
     return report
 
 
+def finetune_model(
+    source: Path,
+    out: Path,
+    suite: EnvSuite,
+    *,
+    bc: BcSettings,
+    prompt_options: Any,
+    lora: Any = None,
+    max_updates: int = 0,
+    seed: int,
+) -> dict[str, Any]:
+    """Behaviour-clone an existing model directory (e.g. one `import-model` wrote) and save it to `out`.
+
+    With `lora` (a `LoraSettings`) only a peft adapter is trained and then merged into the weights, so `out`
+    is a plain float32 model directory again (the GRPO run may put a fresh LoRA on top). The prompts are the
+    backend's (`prompt_options`: the run's `VllmOptions`, with its chat template and instruction).
+    `max_updates` > 0 stops BC after that many optimizer steps (a CPU time bound)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ._lora import apply_lora
+
+    started = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    report: dict[str, Any] = {"source": str(source), "suite": suite.name, "demos": bc.demos, "lora_rank": 0}
+    if lora is not None:
+        model = apply_lora(model, lora, seed=seed)
+        report["lora_rank"] = lora.rank
+        report["trained_params"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    report |= behaviour_clone(model, chat_prompt(tokenizer, prompt_options), suite, bc, seed=seed, max_updates=max_updates)
+    if lora is not None:
+        model = model.merge_and_unload()
+    out.mkdir(parents=True, exist_ok=True)
+    model.eval().save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    report["total_s"] = round(time.perf_counter() - started, 1)
+    (out / "rollcut.json").write_text(json.dumps(report, indent=1))
+    log.info("make_model.finetuned", out=str(out), **{k: v for k, v in report.items() if k != "losses"})
+    return report
+
+
 class BcSettings(msgspec.Struct, frozen=True, kw_only=True):
     """The behaviour-cloning knobs `make-model` takes from `[pretrain]` (or its command line)."""
 
@@ -190,10 +231,13 @@ def chat_prompt(tokenizer: Any, opts: Any) -> ChatPrompt:
         show_admissible=opts.show_admissible,
         max_obs_words=opts.max_obs_words,
         max_prompt_tokens=opts.max_prompt_tokens,
+        instruction=opts.instruction,
     )
 
 
-def behaviour_clone(model: Any, prompt: ChatPrompt, suite: EnvSuite, bc: BcSettings, *, seed: int) -> dict[str, Any]:
+def behaviour_clone(
+    model: Any, prompt: ChatPrompt, suite: EnvSuite, bc: BcSettings, *, seed: int, max_updates: int = 0
+) -> dict[str, Any]:
     """torch_tiny's BC (`collect_demos` with noise, `pack_episode`, `train_bc`) on a Hugging Face LM."""
     noise = bc.noise if isinstance(suite, RecoveringExpert) else 0.0
     tasks = list(suite.tasks("train"))[: bc.demos]
@@ -201,7 +245,8 @@ def behaviour_clone(model: Any, prompt: ChatPrompt, suite: EnvSuite, bc: BcSetti
     packs = [p for episode in episodes for p in pack_episode(episode)]
     started = time.perf_counter()
     losses = train_bc(
-        _PackedLM(model), packs, epochs=bc.epochs, lr=bc.lr, batch_size=bc.batch_size, seed=seed, nll=hf_packed_nll
+        _PackedLM(model), packs, epochs=bc.epochs, lr=bc.lr, batch_size=bc.batch_size, seed=seed, nll=hf_packed_nll,
+        max_updates=max_updates,
     )
     return {
         "noise": noise,

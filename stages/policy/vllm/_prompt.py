@@ -2,7 +2,7 @@
 
 Messages (chat template):
 
-    system     {task}
+    system     [{instruction}\n]{task}
     user       {observation t-k}        up to `history` earlier (observation, action) pairs,
     assistant  {action t-k}             oldest first
     ...
@@ -10,8 +10,10 @@ Messages (chat template):
     -> add_generation_prompt
 
 Without a chat template the same pieces are written as `Task: ...\\nObservation: ...\\nAction: ...` lines
-ending with `Action:`. Observations keep their first `max_obs_words` words. When a prompt is longer than
-`max_prompt_tokens`, the oldest history pairs go first, then the current observation is cut word by word.
+ending with `Action:` (the instruction, when set, as a first line). `instruction` is for a pretrained chat
+model that needs telling what to answer (e.g. "reply with one admissible command"); empty by default.
+Observations keep their first `max_obs_words` words. When a prompt is longer than `max_prompt_tokens`, the
+oldest history pairs go first, then the current observation is cut word by word.
 
 `completion(action)` is the action's ids plus the end-of-sequence id: what behaviour cloning trains on
 and what a generation that stops at `eos` returns.
@@ -33,6 +35,7 @@ class ChatPrompt:
     show_admissible: bool = False
     max_obs_words: int = 64
     max_prompt_tokens: int = 200
+    instruction: str = ""
 
     @property
     def has_template(self) -> bool:
@@ -68,14 +71,15 @@ class ChatPrompt:
         if self.show_admissible and ctx.admissible:
             observation += "\nAdmissible commands: " + "; ".join(ctx.admissible)
         if self.has_template:
-            messages = [{"role": "system", "content": ctx.task}]
+            system = f"{self.instruction}\n{ctx.task}" if self.instruction else ctx.task
+            messages = [{"role": "system", "content": system}]
             for obs, action in shown:
                 messages.append({"role": "user", "content": self._cut(obs)})
                 messages.append({"role": "assistant", "content": action})
             messages.append({"role": "user", "content": observation})
             text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             return self._tokenize(text)
-        lines = [f"Task: {ctx.task}"]
+        lines = [*([self.instruction] if self.instruction else []), f"Task: {ctx.task}"]
         for obs, action in shown:
             lines += [f"Observation: {self._cut(obs)}", f"Action: {action}"]
         lines += [f"Observation: {observation}", "Action:"]

@@ -60,3 +60,33 @@ def test_a_batch_decodes_as_each_prompt_alone(made: tuple[Path, dict]) -> None:
     together = greedy_actions(lm, prompt, prompts, max_new_tokens=6)
     alone = [greedy_actions(lm, prompt, [p], max_new_tokens=6)[0] for p in prompts]
     assert together == alone
+
+
+def test_finetune_from_a_model_dir_with_lora_saves_a_plain_model_with_merged_weights(
+    made: tuple[Path, dict], tmp_path: Path
+) -> None:
+    pytest.importorskip("peft", reason="LoRA needs peft (the lora extra)")
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.config import load_config
+    from pipeline.job import build_suite
+    from stages.policy.vllm import VllmOptions
+    from stages.policy.vllm._lora import LoraSettings
+    from stages.policy.vllm._make_model import BcSettings, finetune_model
+
+    source, _ = made
+    out = tmp_path / "bc"
+    lora = LoraSettings(4, 8.0, ("q_proj", "v_proj"))
+    report = finetune_model(
+        source, out, build_suite(load_config(None, ["env.max_steps=4"])),
+        bc=BcSettings(demos=4, epochs=1, lr=5e-2, batch_size=4), lora=lora, max_updates=2,
+        prompt_options=VllmOptions(max_prompt_tokens=120, max_model_len=256, instruction="act"), seed=0,
+    )
+    assert report["lora_rank"] == 4 and report["trained_params"] > 0 and len(report["losses"]) == 1
+    assert json.loads((out / "rollcut.json").read_text()) == report and (out / "tokenizer.json").is_file()
+    before, after = load_file(source / "model.safetensors"), load_file(out / "model.safetensors")
+    assert set(before) == set(after)  # a plain model again: no lora_A / lora_B / base_layer names
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(("q_proj" in k or "v_proj" in k) for k in changed)  # only the adapted modules, merged
+    AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)

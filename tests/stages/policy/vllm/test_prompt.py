@@ -68,3 +68,11 @@ def test_chat_template_path_with_a_real_tokenizer(tmp_path) -> None:  # noqa: AN
     expected = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
     expected = expected["input_ids"] if hasattr(expected, "keys") else expected
     assert prompt.build(ctx) == list(expected)
+
+
+def test_an_instruction_comes_first_and_only_when_set() -> None:
+    tok = WordTok()
+    told = [tok.words[i] for i in ChatPrompt(tok, history=0, instruction="Reply with one command.").build(CTX)]
+    plain = [tok.words[i] for i in ChatPrompt(tok, history=0).build(CTX)]
+    assert " ".join(told).startswith("Reply with one command. Task: find the mug")
+    assert " ".join(plain).startswith("Task: find the mug") and "Reply" not in plain
