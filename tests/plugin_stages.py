@@ -1,8 +1,10 @@
 """User-style stage plugins loaded by `module:Class` in integration tests."""
 
+import msgspec
 import trio
 
-from pipeline.messages import PhaseFinished, WeightsPublished
+from pipeline.messages import GroupResult, PhaseFinished, WeightsPublished
+from tests.plugin_faults import STOPS
 
 
 class Explodes:
@@ -33,3 +35,35 @@ class Recorder:
                 if isinstance(message, PhaseFinished):
                     Recorder.seen.append("finished")
                     return
+
+
+class StopOnCutsAndUpdates:
+    """Sets `plugin_faults.STOPS[key]` once `cuts` cut groups have finished and the learner has published
+    `updates` versions; or, to fail on a count rather than on a timeout, at `give_up` versions whatever the
+    cuts or at `give_up_cuts` cut groups whatever the updates (a gate that cuts everything). A test waits
+    on what it asserts, not on the machine being fast."""
+
+    name = "stop_on_cuts_and_updates"
+
+    class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+        key: str
+        cuts: int = 1
+        updates: int = 2
+        give_up: int = 20
+        give_up_cuts: int = 40
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+
+    async def run(self, ctx, *, task_status=trio.TASK_STATUS_IGNORED):
+        cuts = version = 0
+        async with ctx.subscribe() as events:
+            task_status.started()
+            async for message in events:
+                if isinstance(message, GroupResult) and message.cut:
+                    cuts += 1
+                if isinstance(message, WeightsPublished):
+                    version = message.version
+                o = self.options
+                if (cuts >= o.cuts and version >= o.updates) or version >= o.give_up or cuts >= o.give_up_cuts:
+                    STOPS[o.key].set()
