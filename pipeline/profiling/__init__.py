@@ -11,8 +11,11 @@
 See docs/profiling.md for what is recorded and the attribution rules.
 """
 
+from ._attribution import RULE_CUDA as RULE_CUDA
+from ._attribution import RULE_NVML as RULE_NVML
 from ._attribution import UNATTRIBUTED as UNATTRIBUTED
 from ._attribution import active_segments as active_segments
+from ._attribution import attribute_gpu as attribute_gpu
 from ._attribution import attribute_samples as attribute_samples
 from ._attribution import attribute_thread_cpu as attribute_thread_cpu
 from ._intervals import assign_lanes as assign_lanes
@@ -30,6 +33,8 @@ from ._trace import validate_trace as validate_trace
 
 __all__ = [
     "PLOT_FILE",
+    "RULE_CUDA",
+    "RULE_NVML",
     "TABLE_FILE",
     "TRACE_FILE",
     "UNATTRIBUTED",
@@ -38,6 +43,7 @@ __all__ = [
     "StageRow",
     "active_segments",
     "assign_lanes",
+    "attribute_gpu",
     "attribute_samples",
     "attribute_thread_cpu",
     "covered_fraction",

@@ -2,7 +2,20 @@
 
 Pure functions on plain tuples so the rules are testable with exact numbers.
 
-GPU rule (`attribute_samples`): a sample `(t0, t1, value)` says the device ran at `value` (e.g. 0.6 =
+GPU rule (`attribute_gpu`, per device), in this order:
+
+1. CUDA events: a stage that opened `cuda_span`s gets the CUDA-event time of those spans on the device,
+   exactly (rule `RULE_CUDA`), and nothing from NVML.
+2. NVML share: each utilization sample's value x length, less the CUDA-event time of the spans that fell
+   in it (each span's time spread evenly over its wall interval), floored at 0, is split by the busy
+   overlap rule below among the GPU-capable stages that opened no CUDA span (rule `RULE_NVML`).
+3. A stage that is not declared GPU-capable gets nothing; NVML time while no eligible stage was busy is
+   `UNATTRIBUTED`.
+
+So a CPU-only stage busy beside a stage that runs, and times, all the device's work gets 0, even if it is
+declared GPU-capable: the device time its busy overlap would have shared is the timed stage's.
+
+Busy overlap rule (`attribute_samples`): a sample `(t0, t1, value)` says the device ran at `value` (e.g. 0.6 =
 60% utilization) over `[t0, t1]`; the value is assumed constant across that interval. At every instant
 of the interval the value is shared equally among the stages that are busy at that instant; instants
 with no busy stage go to `UNATTRIBUTED`. The result is value x seconds per stage, so summing a stage over
@@ -17,11 +30,20 @@ span open on that thread; otherwise it goes to `UNATTRIBUTED`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import bisect
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from ._intervals import Interval, union
 
 UNATTRIBUTED = "(unattributed)"
+
+RULE_CUDA = "cuda events"
+"""A stage's GPU number is the CUDA-event time of its `cuda_span`s (exact)."""
+RULE_NVML = "nvml share"
+"""A stage's GPU number is its busy-overlap share of NVML utilization beyond the timed stages' (an estimate)."""
+
+CudaTime = tuple[str, float, float, float]
+"""(stage, wall t0, wall t1, CUDA-event seconds) of one `cuda_span` on one device."""
 
 Sample = tuple[float, float, float]
 """(t0, t1, value): a measurement that holds over [t0, t1]."""
@@ -90,6 +112,62 @@ def attribute_samples(
                     out[stage] += share
             i += 1
         out[UNATTRIBUTED] += value * (t1 - t0 - covered)
+    return out
+
+
+def attribute_gpu(
+    samples: Iterable[Sample],
+    busy: Mapping[str, Iterable[Interval]],
+    cuda: Iterable[CudaTime],
+    *,
+    capable: Collection[str] | None,
+    timed: Collection[str] = (),
+) -> tuple[dict[str, float], dict[str, str]]:
+    """One device's GPU value-seconds per stage, and the rule each stage's number comes from (module rule).
+
+    Args:
+        samples: the device's NVML utilization samples (may be empty: then only CUDA-event time counts).
+        busy: every stage's busy intervals.
+        cuda: the CUDA spans that ran on this device.
+        capable: the stages declared GPU-capable (None: every stage with busy intervals).
+        timed: stages that opened CUDA spans on any device (they never take an NVML share).
+
+    Returns ({stage: value-seconds, UNATTRIBUTED: ...}, {stage: RULE_CUDA or RULE_NVML}).
+    """
+    spans = list(cuda)
+    timed = set(timed) | {stage for stage, *_ in spans}
+    out: dict[str, float] = {UNATTRIBUTED: 0.0}
+    rules: dict[str, str] = {}
+    for stage, _t0, _t1, seconds in spans:
+        out[stage] = out.get(stage, 0.0) + seconds
+        rules[stage] = RULE_CUDA
+    eligible = {s: v for s, v in busy.items() if s not in timed and (capable is None or s in capable)}
+    eligible |= {s: [] for s in (capable or ()) if s not in timed and s not in eligible}
+    samples = sorted(samples)
+    if samples:
+        remaining = [(t0, t1, max(0.0, value - timed_in / (t1 - t0)) if t1 > t0 else 0.0)
+                     for (t0, t1, value), timed_in in zip(samples, _cuda_per_sample(samples, spans), strict=True)]
+        for stage, value in attribute_samples(remaining, eligible).items():
+            out[stage] = out.get(stage, 0.0) + value
+        rules |= dict.fromkeys(eligible, RULE_NVML)
+    return out, rules
+
+
+def _cuda_per_sample(samples: Sequence[Sample], spans: Sequence[CudaTime]) -> list[float]:
+    """The CUDA-event seconds falling in each (sorted) sample, each span's time spread evenly over its wall
+    interval (a span of zero length counts where it starts)."""
+    ends = [t1 for _t0, t1, _v in samples]
+    out = [0.0] * len(samples)
+    for _stage, t0, t1, seconds in spans:
+        i = bisect.bisect_right(ends, t0) if t1 > t0 else bisect.bisect_left(ends, t0)
+        while i < len(samples) and samples[i][0] <= t1:
+            s0, s1, _v = samples[i]
+            if t1 > t0:
+                out[i] += seconds * max(0.0, min(s1, t1) - max(s0, t0)) / (t1 - t0)
+            elif s0 <= t0 <= s1:
+                out[i] += seconds
+                break
+            i += 1
     return out
 
 

@@ -34,6 +34,7 @@ class GpuTrack:
     index: int
     name: str
     total_mib: float
+    uuid: str = ""
     util: list[tuple[float, float, float]] = field(default_factory=list)
     mem_mib: list[tuple[float, float]] = field(default_factory=list)
 
@@ -85,7 +86,7 @@ class GpuSampler:
                 name = name.decode() if isinstance(name, bytes) else str(name)
                 total = nvml.nvmlDeviceGetMemoryInfo(handle).total / 2**20
                 self._handles.append(handle)
-                self.tracks.append(GpuTrack(index=index, name=name, total_mib=total))
+                self.tracks.append(GpuTrack(index=index, name=name, total_mib=total, uuid=_uuid(nvml, handle)))
         except Exception as exc:  # a broken driver is reported, not raised
             self.status = f"{NO_GPU}: NVML device query failed ({exc})"
             self.tracks = []
@@ -139,6 +140,15 @@ class GpuSampler:
             self.close()
 
 
+def _uuid(nvml: ModuleType, handle: Any) -> str:
+    """The device's UUID ("GPU-..."), "" where the NVML binding has none."""
+    try:
+        uuid = nvml.nvmlDeviceGetUUID(handle)
+    except Exception:  # an NVML without the call (or a test double) just matches devices by index
+        return ""
+    return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+
+
 def cuda_available() -> bool:
     """True when torch is already imported and sees a CUDA device (torch is never imported here)."""
     torch = sys.modules.get("torch")
@@ -146,12 +156,14 @@ def cuda_available() -> bool:
 
 
 class CudaSpan:
-    """A busy span plus a pair of CUDA events on the current stream, timed when the profile finishes."""
+    """A busy span plus a pair of CUDA events on the current stream (of the current device), timed when the
+    profile finishes; the span's wall interval and device are kept for the GPU rule (`attribute_gpu`)."""
 
-    __slots__ = ("_buf", "_end", "_name", "_span", "_stage", "_start")
+    __slots__ = ("_buf", "_clock", "_device", "_end", "_name", "_span", "_stage", "_start", "_t0")
 
     def __init__(self, recorder: Recorder, stage: str, name: str, span: Any) -> None:
         self._buf = recorder.buffer()
+        self._clock = recorder.clock
         self._stage = stage
         self._name = name
         self._span = span
@@ -160,22 +172,49 @@ class CudaSpan:
         import torch
 
         self._span.__enter__()
+        self._device = torch.cuda.current_device()
         self._start = torch.cuda.Event(enable_timing=True)
         self._end = torch.cuda.Event(enable_timing=True)
+        self._t0 = self._clock()
         self._start.record()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self._end.record()
+        t1 = self._clock()
         self._span.__exit__(*exc_info)
-        self._buf.cuda.append((self._stage, self._name, self._start, self._end))
+        self._buf.cuda.append((self._stage, self._name, self._start, self._end, self._device, self._t0, t1))
 
 
-def cuda_seconds(buffers: list[Any]) -> dict[str, float]:
-    """Total CUDA-event time per stage over all recorded CUDA spans (synchronizes on each end event)."""
-    out: dict[str, float] = {}
+def cuda_times(buffers: list[Any]) -> dict[int, list[tuple[str, float, float, float]]]:
+    """Per CUDA device index, every recorded CUDA span as (stage, wall t0, wall t1, CUDA-event seconds)
+    (synchronizes on each end event)."""
+    out: dict[int, list[tuple[str, float, float, float]]] = {}
     for buf in buffers:
-        for stage, _name, start, end in list(buf.cuda):
+        for stage, _name, start, end, device, t0, t1 in list(buf.cuda):
             end.synchronize()
-            out[stage] = out.get(stage, 0.0) + start.elapsed_time(end) / 1000.0
+            out.setdefault(device, []).append((stage, t0, t1, start.elapsed_time(end) / 1000.0))
     return out
+
+
+def cuda_seconds(times: dict[int, list[tuple[str, float, float, float]]]) -> dict[str, float]:
+    """Total CUDA-event time per stage over every device (`cuda_times`)."""
+    out: dict[str, float] = {}
+    for spans in times.values():
+        for stage, _t0, _t1, seconds in spans:
+            out[stage] = out.get(stage, 0.0) + seconds
+    return out
+
+
+def nvml_index(track_uuids: list[str], cuda_index: int) -> int:
+    """The NVML track of CUDA device `cuda_index`: matched by UUID when NVML and torch give one (they differ
+    when CUDA_VISIBLE_DEVICES reorders devices), else the same index."""
+    torch = sys.modules.get("torch")
+    try:
+        uuid = str(torch.cuda.get_device_properties(cuda_index).uuid) if torch is not None else ""
+    except Exception:  # no device of that index or no uuid in this torch: fall back to the index
+        uuid = ""
+    for index, track_uuid in enumerate(track_uuids):
+        if uuid and track_uuid.removeprefix("GPU-") == uuid:
+            return index
+    return cuda_index

@@ -50,7 +50,8 @@ class ThreadBuffer:
         self.latencies: list[tuple[str, str, float]] = []  # (stage, name, seconds)
         self.items: dict[str, int] = {}
         self.bindings: list[Binding] = []
-        self.cuda: list[tuple[str, str, Any, Any]] = []  # (stage, name, start event, end event)
+        self.cuda: list[tuple[str, str, Any, Any, int, float, float]] = []
+        """(stage, name, start event, end event, CUDA device index, wall t0, wall t1) per `cuda_span`."""
         self.dropped = 0
 
 

@@ -44,6 +44,8 @@ class StageRow(msgspec.Struct, frozen=True, kw_only=True):
     spans: int = 0
     cuda_ms: float | None = None
     """Total CUDA-event time of the stage's `cuda_span`s, when any ran on a GPU."""
+    gpu_from: str = ""
+    """The rule behind `gpu_pct` (`_attribution`): "cuda events" (exact), "nvml share" (an estimate), or ""."""
 
 
 class Report(msgspec.Struct, frozen=True, kw_only=True):
@@ -73,7 +75,7 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
         for r in self.rows:
             lines.append(
                 f"| {r.stage} | {_pct(r.busy_pct)} | {_pct(r.cpu_pct)} | "
-                f"{_pct(r.gpu_pct) if r.gpu_pct is not None else no_gpu} | "
+                f"{_gpu_cell(r) if r.gpu_pct is not None else no_gpu} | "
                 f"{_num(r.items_per_s) if r.items else '-'} | {_num(r.p50_ms)} | {_num(r.p99_ms)} |"
             )
         cpu = _pct(self.process_cpu_pct)
@@ -90,6 +92,12 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
 
     def to_json(self) -> bytes:
         return msgspec.json.format(msgspec.json.encode(self), indent=2)
+
+
+def _gpu_cell(row: StageRow) -> str:
+    """The GPU % with the rule it comes from: "(events)" exact CUDA-event time, "(NVML)" a utilization share."""
+    tag = {"cuda events": " (events)", "nvml share": " (NVML)"}.get(row.gpu_from, "")
+    return _pct(row.gpu_pct) + tag
 
 
 def _pct(value: float | None) -> str:
@@ -117,6 +125,7 @@ def build_report(
     gpu_status: str,
     gpu_mean_util: list[float],
     cuda_s: Mapping[str, float],
+    gpu_rules: Mapping[str, str] | None = None,
 ) -> Report:
     """Assemble the rows. `cpu_by_stage` is CPU seconds, `gpu_by_stage` utilization x seconds summed over
     devices (None when no GPU was sampled); both may hold `UNATTRIBUTED`."""
@@ -149,6 +158,7 @@ def build_report(
                 latency_from=source if samples else "",
                 spans=len(durations.get(stage, [])),
                 cuda_ms=1000.0 * cuda_s[stage] if stage in cuda_s else None,
+                gpu_from=(gpu_rules or {}).get(stage, "") if gpu is not None else "",
             )
         )
     rows.append(_unattributed_row(wall, cpu_by_stage, process_cpu_s, gpu_by_stage))

@@ -1,6 +1,14 @@
 import pytest
 
-from pipeline.profiling import UNATTRIBUTED, active_segments, attribute_samples, attribute_thread_cpu
+from pipeline.profiling import (
+    RULE_CUDA,
+    RULE_NVML,
+    UNATTRIBUTED,
+    active_segments,
+    attribute_gpu,
+    attribute_samples,
+    attribute_thread_cpu,
+)
 from pipeline.profiling._attribution import sample_average
 
 
@@ -68,3 +76,55 @@ def test_cpu_readings_that_go_backwards_are_clamped():
 def test_sample_average_is_time_weighted():
     assert sample_average([(0, 1, 1.0), (1, 4, 0.0)], 0, 4) == 0.25
     assert sample_average([], 0, 1) == 0.0
+
+
+# ---- the GPU rule: CUDA-event time where stages time their work, NVML only for the others ----------------
+
+
+def test_the_issue_probe_a_timed_learner_takes_the_device_and_the_idle_rollout_gets_nothing():
+    # The probe of issue 39: only the learner ran CUDA work (97 % busy while it ran), timed by its CUDA spans;
+    # rollout (CPU only) was busy at the same time and declared GPU-capable. Busy overlap alone gave rollout
+    # a share of the device; with the learner's events it gets 0.
+    samples = [(0.0, 1.0, 0.97), (1.0, 2.0, 0.97)]
+    busy = {"learner": [(0.0, 2.0)], "rollout": [(0.0, 2.0)]}
+    cuda = [("learner", 0.0, 1.0, 0.97), ("learner", 1.0, 2.0, 0.97)]
+    out, rules = attribute_gpu(samples, busy, cuda, capable={"learner", "rollout"})
+    assert out == {UNATTRIBUTED: 0.0, "learner": pytest.approx(1.94), "rollout": 0.0}
+    assert rules == {"learner": RULE_CUDA, "rollout": RULE_NVML}
+    share, _ = attribute_gpu(samples, busy, [], capable={"learner", "rollout"})  # without the events: split by overlap
+    assert share["rollout"] == pytest.approx(0.97)
+
+
+def test_nvml_beyond_the_timed_work_goes_to_the_untimed_capable_stage_busy_then():
+    # Device at 100 % over [0, 4]. The learner's span [0, 2] timed 1.5 s of kernels; policy (no spans, its
+    # work in decoding processes) is busy [0, 4]; env is busy too but not GPU-capable.
+    samples = [(0.0, 2.0, 1.0), (2.0, 4.0, 1.0)]
+    busy = {"learner": [(0.0, 2.0)], "policy": [(0.0, 4.0)], "env": [(0.0, 4.0)]}
+    out, rules = attribute_gpu(samples, busy, [("learner", 0.0, 2.0, 1.5)], capable={"learner", "policy"})
+    assert out["learner"] == pytest.approx(1.5)  # exact, whatever NVML said
+    assert out["policy"] == pytest.approx(0.5 + 2.0)  # [0, 2]: 2 - 1.5 left; [2, 4]: all of it
+    assert "env" not in out and "env" not in rules  # never a stage that is not GPU-capable
+    assert out[UNATTRIBUTED] == 0.0
+    assert rules == {"learner": RULE_CUDA, "policy": RULE_NVML}
+
+
+def test_timed_work_above_nvml_leaves_nothing_to_share_and_a_span_is_spread_over_its_samples():
+    samples = [(0.0, 1.0, 0.5), (1.0, 2.0, 0.5), (2.0, 3.0, 0.5)]
+    busy = {"learner": [(0.5, 2.5)], "policy": [(0.0, 3.0)]}
+    # 1.6 s of events over [0.5, 2.5]: 0.4 in [0, 1], 0.8 in [1, 2], 0.4 in [2, 3]
+    out, _ = attribute_gpu(samples, busy, [("learner", 0.5, 2.5, 1.6)], capable=None)
+    assert out["learner"] == pytest.approx(1.6)
+    assert out["policy"] == pytest.approx(0.1 + 0.0 + 0.1)  # 0.5 - 0.4, max(0, 0.5 - 0.8), 0.5 - 0.4
+    assert out[UNATTRIBUTED] == 0.0
+
+
+def test_without_nvml_samples_only_the_timed_stages_have_a_number():
+    out, rules = attribute_gpu([], {"learner": [(0, 1)], "policy": [(0, 1)]}, [("learner", 0.0, 1.0, 0.25)], capable=None)
+    assert out == {UNATTRIBUTED: 0.0, "learner": 0.25}
+    assert rules == {"learner": RULE_CUDA}
+
+
+def test_a_stage_timed_on_another_device_takes_no_nvml_share_here():
+    out, rules = attribute_gpu([(0.0, 1.0, 1.0)], {"learner": [(0, 1)], "policy": [(0, 1)]}, [], capable=None, timed={"learner"})
+    assert out == {UNATTRIBUTED: 0.0, "policy": 1.0}
+    assert rules == {"policy": RULE_NVML}

@@ -236,6 +236,8 @@ async def test_gpu_samples_are_attributed_to_the_busy_gpu_stage():
     assert policy.gpu_pct == pytest.approx(policy.busy_pct, abs=12)
     assert policy.gpu_pct + rest.gpu_pct == pytest.approx(report.gpu_mean_util_pct[0], rel=0.2)
     assert "| policy |" in report.table_markdown()
+    assert policy.gpu_from == "nvml share" and env.gpu_from == ""  # no CUDA spans: the NVML rule, said so
+    assert f"| {policy.gpu_pct:.1f}% (NVML) |" in report.table_markdown()
 
 
 def test_cuda_span_without_cuda_is_a_plain_span(monkeypatch):
