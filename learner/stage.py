@@ -19,6 +19,7 @@ update (a few seconds at most on the default model) and loses no weights half-wr
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Protocol
 
 import structlog
@@ -26,6 +27,7 @@ import trio
 
 from pipeline.config import LearnerSection
 from pipeline.counters import ZERO_VARIANCE_TRAINED, GroupsConsumed, LearnerReport
+from pipeline.devices import new_stream, side_stream
 from pipeline.messages import GroupExpected, GroupResult, LearnerInbox
 from pipeline.outcomes import is_zero_variance, label_rewards
 from pipeline.stage import StageContext
@@ -61,6 +63,7 @@ class LearnerStage:
         self.capture_state = capture_state
         self.announced_on_socket = announced_on_socket
         self._limiter = trio.CapacityLimiter(1)
+        self._stream: Any = None  # the learner's CUDA stream, made on its first update on CUDA
         self._expected: set[int] = set()
         """Training groups announced and not delivered yet (bounded by the staleness bound)."""
 
@@ -124,9 +127,21 @@ class LearnerStage:
                 ))
                 batch = []
 
+    def _on_device(self, profiler: Any) -> contextlib.AbstractContextManager[Any]:
+        """On CUDA: the update on the learner's own stream, in a CUDA-event span (the profile's exact GPU time)."""
+        device = getattr(self.trainer, "device", None)
+        if device is None or device.type != "cuda":
+            return contextlib.nullcontext()
+        if self._stream is None:
+            self._stream = new_stream(device)
+        stack = contextlib.ExitStack()
+        stack.enter_context(side_stream(device, self._stream))  # first: the span's events go on this stream
+        stack.enter_context(profiler.cuda_span("learner", "update"))
+        return stack
+
     def _update(self, batch: list[GroupResult], version: int, profiler: Any) -> tuple[dict[str, Any], dict[str, float], Any]:
         """Runs in the worker thread: its CPU time is attributed to the learner stage."""
-        with profiler.bind_thread("learner"):
+        with profiler.bind_thread("learner"), self._on_device(profiler):
             weights, stats = self.trainer.update(batch, version=version)
             stats = {**stats, ZERO_VARIANCE_TRAINED: float(sum(is_zero_variance(label_rewards(g)) for g in batch))}
             return weights, stats, self.trainer.state_dict() if self.capture_state else None

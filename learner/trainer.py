@@ -38,6 +38,7 @@ whose prompt is distinct (`learner/distinct_prompt_fraction`: what a repeated-pr
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import random
@@ -48,6 +49,7 @@ import torch
 
 from pipeline.config import LearnerSection
 from pipeline.contracts import TrainableModel
+from pipeline.devices import resolve_device
 from pipeline.messages import GroupResult, TrajectoryStatus
 
 from .items import TrainItem, build_items, prompt_key, shuffled_order
@@ -104,6 +106,8 @@ class Trainer:
         from .aggregation import AGGREGATIONS
 
         self.model = model
+        self.device = place(model, cfg.device)
+        """Where the learner computes (`learner.device`); what it publishes and checkpoints is on the CPU."""
         self.cfg = cfg
         self.loss_fn = loss_fn
         self.aggregation = aggregation or AGGREGATIONS.get(cfg.aggregation)
@@ -116,6 +120,7 @@ class Trainer:
         self._rng = random.Random(seed)
         self._average = self._weights() if cfg.ema > 0 else None
         """The published weights when `cfg.ema` > 0: a moving average of the iterates, from the initial weights."""
+        self._bf16 = cfg.bf16 and self.device.type == "cuda"
 
     def update(self, groups: Sequence[GroupResult], *, version: int = 0) -> tuple[dict[str, Any], dict[str, float]]:
         """Train on `groups` with the weights of learner `version`. Returns (a detached copy of the new
@@ -156,8 +161,12 @@ class Trainer:
         return _copied(self.model.state_dict())
 
     def published(self) -> dict[str, Any]:
-        """A copy of the weights the policy serves: the latest iterate, or its moving average (`ema`)."""
-        return self._weights() if self._average is None else _copied(self._average)
+        """A CPU copy of the weights the policy serves: the latest iterate, or its moving average (`ema`)."""
+        return _copied(self.model.state_dict() if self._average is None else self._average, "cpu")
+
+    def _forward(self) -> Any:
+        """bf16 autocast around the learner's forward passes when `learner.bf16` is set on CUDA."""
+        return torch.autocast("cuda", dtype=torch.bfloat16) if self._bf16 else contextlib.nullcontext()
 
     def _train(self, items: list[TrainItem]) -> dict[str, float]:
         self.model.train()
@@ -167,7 +176,7 @@ class Trainer:
         epochs = 0
         stopped = False
         step_limit = self.cfg.max_kl if self.cfg.kl_stop == "step" else 0.0
-        weights = self._item_weights(items) * math.ceil(len(items) / size)  # [N] once per update
+        weights = (self._item_weights(items) * math.ceil(len(items) / size)).to(self.device)  # [N] once per update
         for _ in range(self.cfg.epochs):
             order = shuffled_order(items, self._rng)
             sums = _Sums()
@@ -219,12 +228,13 @@ class Trainer:
         step_loss = 0.0
         for lo in range(0, len(batch), self.cfg.micro_batch):
             chunk = batch[lo : lo + self.cfg.micro_batch]
-            scores = self.model.completion_logprobs(
-                [it.prompt_ids for it in chunk], [it.token_ids for it in chunk],
-                temperature=self.temperature, top_p=self.top_p, **_recorded(chunk),
-            )  # [c, T] each
-            old = _padded([it.old_logprobs for it in chunk], scores.logprobs.shape[1])  # [c, T]
-            advantages = torch.tensor([it.advantage for it in chunk], dtype=torch.float32)  # [c]
+            with self._forward():
+                scores = self.model.completion_logprobs(
+                    [it.prompt_ids for it in chunk], [it.token_ids for it in chunk],
+                    temperature=self.temperature, top_p=self.top_p, **_recorded(chunk),
+                )  # [c, T] each
+            old = _padded([it.old_logprobs for it in chunk], scores.logprobs.shape[1]).to(self.device)  # [c, T]
+            advantages = torch.tensor([it.advantage for it in chunk], dtype=torch.float32, device=self.device)  # [c]
             terms = self.loss_fn(scores.logprobs, old, advantages, scores.mask, clip_eps=self.cfg.clip_eps)  # [c, T]
             if self.reference is not None:
                 terms = terms + self.cfg.kl_coef * self._reference_kl(chunk, scores.logprobs, scores.mask)
@@ -246,7 +256,7 @@ class Trainer:
     def _reference_kl(self, chunk: list[TrainItem], logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Per-token k3 estimate of KL(pi || pi_ref) [c, T] (GRPO's KL penalty against the warm start)."""
         assert self.reference is not None
-        with torch.no_grad():
+        with torch.no_grad(), self._forward():
             ref = self.reference.completion_logprobs(
                 [it.prompt_ids for it in chunk], [it.token_ids for it in chunk],
                 temperature=self.temperature, top_p=self.top_p, **_recorded(chunk),
@@ -258,11 +268,11 @@ class Trainer:
         """Weights, optimizer state, the item-sampling rng, the moving average (`ema`) and the KL reference
         (`kl_coef`), copied (for checkpoints; call between updates)."""
         return {
-            "model": self._weights(),
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "model": _copied(self.model.state_dict(), "cpu"),
+            "optimizer": _on_cpu(self.optimizer.state_dict()),
             "rng": self._rng.getstate(),
-            "average": None if self._average is None else _copied(self._average),
-            "reference": None if self.reference is None else _copied(self.reference.state_dict()),
+            "average": None if self._average is None else _copied(self._average, "cpu"),
+            "reference": None if self.reference is None else _copied(self.reference.state_dict(), "cpu"),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -274,7 +284,7 @@ class Trainer:
         self._rng.setstate(state["rng"])
         if self._average is not None:  # a checkpoint from before `ema` was set starts its average here
             saved = state.get("average")
-            self._average = _copied(saved) if saved is not None else self._weights()
+            self._average = _copied(saved, self.device) if saved is not None else self._weights()
 
 
 def published_weights(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -294,8 +304,32 @@ def average_into(average: dict[str, torch.Tensor], weights: Mapping[str, torch.T
                 average[name].copy_(value)
 
 
-def _copied(weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in weights.items()}
+def _copied(weights: Mapping[str, torch.Tensor], device: Any = None) -> dict[str, torch.Tensor]:
+    """Detached copies, on `device` (None: where each tensor is)."""
+    if device is None:
+        return {k: v.detach().clone() for k, v in weights.items()}
+    return {k: v.detach().to(device, copy=True) for k, v in weights.items()}
+
+
+def _on_cpu(state: Any) -> Any:
+    """A copy of a nested state (the optimizer's) with every tensor on the CPU, as `copy.deepcopy` copies it."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: _on_cpu(v) for k, v in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(_on_cpu(v) for v in state)
+    return copy.deepcopy(state)
+
+
+def place(model: TrainableModel, spec: str) -> torch.device:
+    """Move the trainable model to the device `learner.device` names and return that device. A backend's
+    model that is not a torch Module (vllm's wrapper) stays where the backend put it, and its device is used."""
+    device = resolve_device(spec)
+    if isinstance(model, torch.nn.Module):
+        model.to(device)
+        return device
+    return next(iter(model.parameters())).device
 
 
 def _recorded(chunk: list[TrainItem]) -> dict[str, Any]:

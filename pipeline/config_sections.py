@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from .curve import curve_problems
+from .devices import device_problems
 from .task_ranges import CURVE_RANGES, DEFAULT_SIZES, RANGES
 
 
@@ -105,10 +106,13 @@ class PolicySection(_Section):
     command; the Selective Rollout reference sends "look")."""
     cache_dir: str = ".rollcut_cache"
     """Where the behaviour-cloned warm start is cached (reused by later runs)."""
+    device: str = "auto"
+    """Where the embedded policy decodes and its warm start trains (`pipeline/devices.py`): auto (CUDA when
+    torch sees it, else the CPU), cpu, cuda or cuda:N. Decoding processes (`workers`) use it too."""
     options: dict[str, Any] = {}
 
     def problems(self) -> list[str]:
-        return _failed(
+        return device_problems(self.device, "policy.device") + _failed(
             (self.temperature >= 0, "policy.temperature must be >= 0"),
             (0 < self.top_p <= 1, "policy.top_p must be in (0, 1]"),
             (self.max_new_tokens >= 1, "policy.max_new_tokens must be >= 1"),
@@ -294,9 +298,17 @@ class LearnerSection(_Section):
     gradient scales with 1 - p: skipping them keeps every mini-batch and its aggregation weights as they
     were and saves their compute. Loss terms of the KL penalty (`kl_coef`) on those turns go too."""
     torch_threads: int = 1
+    device: str = "auto"
+    """Where the learner trains (`pipeline/devices.py`): auto (CUDA when torch sees it, else the CPU), cpu,
+    cuda or cuda:N. The weights it publishes and checkpoints are CPU tensors whatever it is."""
+    bf16: bool = False
+    """On CUDA, run the learner's forward passes under bfloat16 autocast (its weights and optimizer stay
+    float32). Off by default: the log-probs it recomputes then differ from the sampled ones by bf16 rounding,
+    so the ratio is no longer exactly 1 at unchanged weights (docs/policy.md, "Devices")."""
 
     def problems(self) -> list[str]:
-        return _failed(
+        return device_problems(self.device, "learner.device") + _failed(
+            (not (self.bf16 and self.device == "cpu"), "learner.bf16 needs a CUDA learner.device (bf16 autocast is for CUDA)"),
             (0 <= self.skip_confident < 1, "learner.skip_confident must be in [0, 1)"),
             (self.batch_groups >= 1, "learner.batch_groups must be >= 1"),
             (self.lr > 0, "learner.lr must be > 0"),

@@ -198,7 +198,7 @@ IGNORED = ("run.name", "run.out")
 """The folder being resumed decides these."""
 HARMLESS = (
     "run.updates", "run.max_wall_s", "run.progress", "run.torch_threads", "run.checkpoint_every", "run.flat_memory", "run.malloc_arenas",
-    "run.target_heldout", "policy.workers",
+    "run.target_heldout", "policy.workers", "run.trackers", "trackers.", "policy.device", "learner.device",
     "learner.torch_threads", "policy.max_batch", "policy.max_wait_ms", "policy.cache_dir", "profile.", "transport.",
     "eval.",
 )

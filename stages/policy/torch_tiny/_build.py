@@ -19,6 +19,7 @@ import msgspec
 import structlog
 import torch
 
+from pipeline.devices import resolve_device
 from pipeline.progress import report as report_progress
 from pipeline.task_ranges import DEFAULT_SIZES, task_range
 from stages.envs.base import EnvSuite, RecoveringExpert
@@ -140,7 +141,7 @@ def build_policy(
         max_len=opts.max_len,
     )
     torch.manual_seed(seed)
-    model = TinyLM(model_cfg)
+    model = TinyLM(model_cfg).to(resolve_device(cfg.device))  # initialised on the CPU (the same weights anywhere)
     model.choose_by = opts.choose_by
     sampling = SamplingConfig(
         temperature=cfg.temperature,
@@ -234,7 +235,8 @@ def _load_cached(model: TinyLM, path: Path) -> dict[str, Any]:
 def _save(model: TinyLM, fmt: PromptFormat, report: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save({"state": model.state_dict(), "report": json.dumps(report), "tokenizer": fmt.tokenizer.to_json()}, tmp)
+    state = {k: v.to("cpu") for k, v in model.state_dict().items()}  # the cache loads on any device
+    torch.save({"state": state, "report": json.dumps(report), "tokenizer": fmt.tokenizer.to_json()}, tmp)
     os.replace(tmp, path)  # atomic: a concurrent run never reads half a file
     log.info("policy.bc.done", path=str(path), **report)
     report_progress("warm start: done", 1, 1, _summary(report), final=True)

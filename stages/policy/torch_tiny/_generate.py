@@ -120,18 +120,22 @@ def _decode_tokens(
     next_pos = lengths.clone()  # [B]
     greedy_t = torch.tensor(list(greedy), dtype=torch.bool)  # [B]
     stops = torch.tensor(list(stop_ids))  # [K]
-    cache = KVCache.empty(cfg, B, P + max_new_tokens)
+    device = model.tok_emb.weight.device  # built on the CPU, moved once (a no-op on the CPU)
+    ids, key_mask, positions, next_pos, greedy_t, stops, uniforms = (
+        t.to(device) for t in (ids, key_mask, positions, next_pos, greedy_t, stops, uniforms)
+    )
+    cache = KVCache.empty(cfg, B, P + max_new_tokens, device=device)
 
     h = model.hidden(ids, positions, key_mask[:, :P], cache, start=0)[:, -1]  # [B, D]
-    tokens = torch.empty(B, max_new_tokens, dtype=torch.long)  # [B, N]
-    logps = torch.empty(B, max_new_tokens)  # [B, N]
-    nuclei = torch.empty(B, max_new_tokens, dtype=torch.long)  # [B, N]
-    done = torch.zeros(B, dtype=torch.bool)  # [B]
+    tokens = torch.empty(B, max_new_tokens, dtype=torch.long, device=device)  # [B, N]
+    logps = torch.empty(B, max_new_tokens, device=device)  # [B, N]
+    nuclei = torch.empty(B, max_new_tokens, dtype=torch.long, device=device)  # [B, N]
+    done = torch.zeros(B, dtype=torch.bool, device=device)  # [B]
     steps = 0
     for t in range(max_new_tokens):
         logits = model.logits(h).float()  # [B, V]
         if tries is not None:
-            logits = mask_logits(logits, step_mask(tries, tokens[:, :t].tolist(), logits.shape[-1]))
+            logits = mask_logits(logits, step_mask(tries, tokens[:, :t].tolist(), logits.shape[-1]).to(logits.device))
         sizes = nucleus_sizes(logits, temperature=temperature, top_p=top_p)  # [B]
         tok = choose_tokens(logits, uniforms[:, t], greedy_t, temperature=temperature, top_p=top_p, nucleus=sizes)  # [B]
         tokens[:, t] = tok
@@ -213,7 +217,8 @@ def _draw_commands(
     """One whole command per row (`_commands.py`), recorded with its next-token log-probs."""
     scores = command_scores(model, prompts, choices)  # [n, K]
     sizes = nucleus_sizes(scores.double(), temperature=temperature, top_p=top_p)  # [n] commands in each nucleus
-    picked = choose_tokens(scores, uniforms, torch.tensor(list(greedy)), temperature=temperature, top_p=top_p, nucleus=sizes)  # [n]
+    greedy_t = torch.tensor(list(greedy), device=scores.device)  # [n]
+    picked = choose_tokens(scores, uniforms.to(scores.device), greedy_t, temperature=temperature, top_p=top_p, nucleus=sizes)  # [n]
     logp, _ = chosen_factors(
         scores, choices, picked, width, temperature=temperature, top_p=top_p, vocab=model.cfg.vocab_size, nucleus=sizes
     )  # [n, width]

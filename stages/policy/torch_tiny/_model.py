@@ -51,9 +51,9 @@ class KVCache:
     v: torch.Tensor  # [L, B, H, S, Dh]
 
     @classmethod
-    def empty(cls, cfg: ModelConfig, batch: int, size: int) -> KVCache:
+    def empty(cls, cfg: ModelConfig, batch: int, size: int, device: torch.device | None = None) -> KVCache:
         shape = (cfg.layers, batch, cfg.heads, size, cfg.d_model // cfg.heads)
-        return cls(torch.zeros(shape), torch.zeros(shape))
+        return cls(torch.zeros(shape, device=device), torch.zeros(shape, device=device))
 
 
 class Block(nn.Module):

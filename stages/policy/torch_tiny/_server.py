@@ -30,6 +30,7 @@ import structlog
 import torch
 import trio
 
+from pipeline.devices import new_stream, side_stream
 from pipeline.profiling import Profiler
 from stages.policy.base import ActResult, AgentContext
 
@@ -111,6 +112,9 @@ class TorchTinyPolicy:
         self.sampling = sampling
         self._seed = seed
         self._model = model.eval().requires_grad_(False)
+        self._device = model.tok_emb.weight.device
+        self._stream = new_stream(self._device)
+        """On CUDA the decoding runs on a stream of its own, so its CUDA events time decoding alone."""
         self._shapes = {k: tuple(v.shape) for k, v in self._model.state_dict().items()}
         self._model_lock = threading.Lock()  # the worker decodes / swaps weights; trainable() copies
         self._pending_lock = threading.Lock()  # guards _pending only, never held across a batch
@@ -238,10 +242,10 @@ class TorchTinyPolicy:
         uniforms = torch.stack([self._uniforms(number, greedy) for _, _, greedy, number in jobs])  # [B, N]
         tok = self.prompt.tokenizer
         choices = [s.choices(self.prompt, admissible) for _, admissible, _, _ in jobs]
-        with self.profiler.bind_thread("policy"), self._model_lock:
+        with self.profiler.bind_thread("policy"), self._model_lock, side_stream(self._device, self._stream):
             self._apply_pending()
             version = self.version
-            with self.profiler.span("policy", "generate"):
+            with self._generate_span():
                 samples = generate(
                     self._model,
                     [prompt for prompt, *_ in jobs],
@@ -270,6 +274,12 @@ class TorchTinyPolicy:
                 )
             )
         return results
+
+    def _generate_span(self) -> Any:
+        """The `policy` busy span of a batch; on CUDA also timed by CUDA events (the profile's exact GPU time)."""
+        if self._device.type == "cuda":
+            return self.profiler.cuda_span("policy", "generate")
+        return self.profiler.span("policy", "generate")
 
     def _uniforms(self, number: int, greedy: bool) -> torch.Tensor:
         if greedy:
