@@ -53,8 +53,8 @@ from .profiling import Profiler
 from .progress import Progress
 from .rundir import MetricsWriter, configure_logging, create_run_dir, write_summary
 from .stage import STAGES, build_stage
-from .trackers import Trackers, finish_run, open_run_trackers, tracker_problems
 from .task_ranges import heldout_ranges
+from .trackers import Trackers, finish_run, open_run_trackers, tracker_problems
 
 log = structlog.get_logger(__name__)
 
