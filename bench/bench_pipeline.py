@@ -16,6 +16,7 @@ Uses the default configuration's policy (its cached warm start; trained on first
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import statistics
 import sys
@@ -65,18 +66,25 @@ async def bare_loop(policy, suite, tasks, slots: int, seconds: float) -> float:
     return steps / elapsed
 
 
-async def pipeline_run(cfg, policy, suite, tasks, run_dir: Path):
+async def pipeline_run(cfg, policy, suite, tasks, run_dir: Path, *, profile: bool = False):
+    """The GRPO phase on `policy` for `cfg.run.max_wall_s`. `profile`: profile it as a run does (`[profile]`:
+    GPU stages, CPU and NVML sampling) and write profile.json / profile_table.json / profile.png in `run_dir`."""
     allocator = build_allocator(
         cfg.allocator.name, cfg.allocator.options,
         AllocatorContext(tasks=tasks, group_size=cfg.rollout.group_size, batch_groups=cfg.learner.batch_groups, seed=cfg.run.seed),
     )
     trainer = Trainer(policy.trainable(), cfg.learner, LOSSES.get(cfg.learner.loss))
     metrics = MetricsWriter(run_dir)
-    outcome = await run_grpo(
-        cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in tasks}, allocator=allocator,
-        trainer=trainer, run_dir=run_dir, profiler=Profiler(enabled=True), metrics=metrics,
-    )
+    profiler = (Profiler.from_config(cfg.profile, thread_cpu=cfg.profile.thread_cpu, gpu_stages=cfg.profile.gpu_stages)
+                if profile else Profiler(enabled=True))
+    async with profiler.sampling() if profile else contextlib.nullcontext():
+        outcome = await run_grpo(
+            cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in tasks}, allocator=allocator,
+            trainer=trainer, run_dir=run_dir, profiler=profiler, metrics=metrics,
+        )
     metrics.close()
+    if profile:
+        profiler.write(run_dir)
     return outcome
 
 
