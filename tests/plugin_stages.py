@@ -67,3 +67,29 @@ class StopOnCutsAndUpdates:
                 o = self.options
                 if (cuts >= o.cuts and version >= o.updates) or version >= o.give_up or cuts >= o.give_up_cuts:
                     STOPS[o.key].set()
+
+
+class StopOnLaterStageGroups:
+    """Sets `plugin_faults.STOPS[key]` once `groups` finished groups of a later stage (an allocator's sub-group:
+    a Pilot-Commit commit, an AERO rescue) have been published, and the first-stage groups before them
+    with them: what a test of how the gate treats sub-groups needs to have seen. (AERO on the tiny policy
+    never trains, every group is in its dead zone, so a run of N updates would never end.)"""
+
+    name = "stop_on_later_stage_groups"
+
+    class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+        key: str
+        groups: int = 2
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+
+    async def run(self, ctx, *, task_status=trio.TASK_STATUS_IGNORED):
+        later = 0
+        async with ctx.subscribe() as events:
+            task_status.started()
+            async for message in events:
+                later += isinstance(message, GroupResult) and message.kind not in ("group", "pilot", "explore")
+                if later >= self.options.groups:
+                    STOPS[self.options.key].set()
+                    return

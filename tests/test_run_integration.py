@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 import structlog
+import trio
 
-from pipeline.job import build_suite, load, run_job
+from pipeline.job import RunInterrupted, build_suite, load, run_job
 from pipeline.progress import Progress
+from tests.plugin_faults import STOPS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,15 +139,22 @@ def test_ctrl_c_stops_cleanly_and_promptly(tmp_path):
 )
 async def test_allocator_sub_groups_are_never_gated_and_staleness_is_a_bound(tmp_path, allocator, options):
     # The gate would cut every even group at its first step, commit and rescue groups included, if it saw them.
-    cfg = load(None, _tiny(tmp_path, f"allocator.name={allocator}", f"allocator.options={options}",
-                           'gate.name="tests.plugin_gates:CutEvenGroups"', "learner.max_staleness=0"))
-    result = await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
-    summary = result.summary
+    # The run stops once it has had later-stage groups to leave alone (the event the test asserts on): AERO on
+    # the tiny policy trains nothing (every group is in its dead zone), so it would never reach run.updates.
+    stop = STOPS[allocator] = trio.Event()
+    observer = f'stages=[{{target = "tests.plugin_stages:StopOnLaterStageGroups", options = {{key = "{allocator}"}}}}]'
+    cfg = load(None, _tiny(tmp_path, f"allocator.name={allocator}", f"allocator.options={options}", "run.updates=1000",
+                           'gate.name="tests.plugin_gates:CutEvenGroups"', "learner.max_staleness=0", observer,
+                           f"run.name={allocator}"))
+    with pytest.raises(RunInterrupted):
+        await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False), stop=stop)
+    result_dir = tmp_path / "runs" / allocator
+    summary = json.loads((result_dir / "summary.json").read_text())
     first_stage = {"pilot", "explore", "group"}
     assert set(summary["gate_decisions_by_kind"]) <= first_stage
     assert set(summary["gate_groups_seen_by_kind"]) - first_stage, "the run had later-stage groups to leave alone"
     assert summary["staleness_lag_max"] <= cfg.learner.max_staleness
-    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (result_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(r["staleness_lag_max"] <= cfg.learner.max_staleness for r in rows if "staleness_lag_max" in r)
     for key in ("trajectory_slot_occupancy", "first_stage_cut_fraction", "items_dropped_stale", "items_beyond_max", "staleness_lag_mean",
                 "generated_tokens"):
