@@ -218,6 +218,8 @@ def finish_run(trackers: Trackers, run_dir: Path, *, since: float, ok: bool) -> 
     """After the job: the summary's figures and the images, if this job wrote them (modified at or after
     `since`, a `time.time()`: a resumed run that fails early must not report the last run's summary), then
     close every tracker (`ok` False: failed or interrupted)."""
+    if not trackers.names:
+        return
     written = {name: run_dir / file for name, file in IMAGES.items()}
     written = {name: path for name, path in written.items() if path.exists() and path.stat().st_mtime >= since}
     summary = run_dir / "summary.json"
