@@ -159,13 +159,7 @@ def make_model(
         report |= heldout_report(
             model, prompt, suite, eval_tasks, max_new_tokens=max_new_tokens, fuzzy_cutoff=prompt_options.fuzzy_cutoff
         )
-    out.mkdir(parents=True, exist_ok=True)
-    model.eval().save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    report["total_s"] = round(time.perf_counter() - started, 1)
-    (out / "rollcut.json").write_text(json.dumps(report, indent=1))
-    log.info("make_model.done", out=str(out), **{k: v for k, v in report.items() if k != "losses"})
-    return report
+    return _save(model, tokenizer, out, report, started, event="make_model.done")
 
 
 def finetune_model(
@@ -200,12 +194,17 @@ def finetune_model(
     report |= behaviour_clone(model, chat_prompt(tokenizer, prompt_options), suite, bc, seed=seed, max_updates=max_updates)
     if lora is not None:
         model = model.merge_and_unload()
+    return _save(model, tokenizer, out, report, started, event="make_model.finetuned")
+
+
+def _save(model: Any, tokenizer: Any, out: Path, report: dict[str, Any], started: float, *, event: str) -> dict[str, Any]:
+    """Write the model folder (safetensors + tokenizer) and its `rollcut.json` report; return the report."""
     out.mkdir(parents=True, exist_ok=True)
     model.eval().save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     report["total_s"] = round(time.perf_counter() - started, 1)
     (out / "rollcut.json").write_text(json.dumps(report, indent=1))
-    log.info("make_model.finetuned", out=str(out), **{k: v for k, v in report.items() if k != "losses"})
+    log.info(event, out=str(out), **{k: v for k, v in report.items() if k != "losses"})
     return report
 
 
