@@ -351,7 +351,7 @@ class EvalSection(_Section):
     ~110 CPU-s per 200 + 200 tasks."""
     range: str = "dev"
     """The range of each held-out split the before/after measure reads: dev (tuning, the default), valid, or
-    test (the before/after of a declared verdict, configs/verdicts/; docs/learning.md, "Task ranges")."""
+    test (kept for the before/after of a verdict declared before it runs; docs/learning.md, "Task ranges")."""
     ranges: RangeSizes = RangeSizes()
     splits: list[str] = msgspec.field(default_factory=lambda: ["heldout_seen", "heldout_unseen"])
     greedy: bool = True
