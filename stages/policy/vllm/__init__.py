@@ -142,11 +142,9 @@ def build_policy(cfg: PolicySection, pretrain: PretrainSection, suite: EnvSuite,
 build_policy.check = check  # type: ignore[attr-defined]  # read by pipeline.job.name_checks
 
 
-def make_model_main(argv: list[str]) -> int:
-    """`python run.py make-model DIR [--config FILE] [--set ...] [--layers N ...]` (see _make_model.py)."""
+def _make_model_parser() -> Any:
+    """The `run.py make-model` command line."""
     import argparse
-
-    from pipeline.config import ConfigError, load_config
 
     parser = argparse.ArgumentParser(prog="run.py make-model", description="Build a small local Llama + tokenizer")
     parser.add_argument("out", help="output model directory")
@@ -164,6 +162,14 @@ def make_model_main(argv: list[str]) -> int:
     parser.add_argument("--from", dest="source", help="behaviour-clone this model directory (e.g. import-model's) instead")
     parser.add_argument("--lora-rank", type=int, default=0, help="with --from: train a LoRA of this rank, merged on save")
     parser.add_argument("--max-updates", type=int, default=0, help="stop BC after this many optimizer steps (0: all)")
+    return parser
+
+
+def make_model_main(argv: list[str]) -> int:
+    """`python run.py make-model DIR [--config FILE] [--set ...] [--layers N ...]` (see _make_model.py)."""
+    from pipeline.config import ConfigError, load_config
+
+    parser = _make_model_parser()
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
