@@ -1,4 +1,4 @@
-"""Does RL lift held-out success? A preset run on several seeds, tabulated with a bootstrap interval.
+"""Does RL lift held-out success? A preset run on several seeds, tabulated with the range over seeds or an interval.
 
     .venv/bin/python bench/learn_seeds.py [--config configs/learn.toml] [--seeds 0 1 2] [--set key=value ...]
     .venv/bin/python bench/learn_seeds.py --config default        # the default run (no config file)
@@ -7,7 +7,8 @@
 Runs `run.py` once per seed, one after the other (each run has the machine to itself: its wall time is
 the figure), into run folders `<run.name>-s<seed>`, then prints one markdown row per seed (held-out
 seen / unseen / mean before -> after, job wall seconds, GRPO wall seconds, env steps, learner updates)
-and the mean rise over seeds with its 95 % percentile bootstrap interval (seeds resampled, before and
+and the mean rise over seeds with the range over the seeds (below 5 seeds) or its 95 % paired percentile bootstrap
+interval (5 seeds or more; seeds resampled, before and
 after of a seed kept together: `pipeline.ab._stats.paired_difference`). `--report` tabulates existing
 run folders instead. The warm start of a seed is trained on first use and cached; build it beforehand
 (`run.py pretrain --set run.seed=N`) for a wall time that counts only the cached load.
@@ -81,7 +82,7 @@ def report(folders: list[Path]) -> str:
         lines.append("")
         lines.append(
             f"Mean rise over seeds {list(interval.seeds)}: {100 * interval.estimate:+.1f} pp "
-            f"(95 % bootstrap interval [{100 * interval.ci_low:+.1f}, {100 * interval.ci_high:+.1f}], n = {interval.n_pairs}). "
+            f"({interval.describe()}: [{100 * interval.ci_low:+.1f}, {100 * interval.ci_high:+.1f}]). "
             f"Held-out tasks per split: {rows[0]['heldout_tasks_per_split']}."
         )
     return "\n".join(lines)

@@ -6,6 +6,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from ._stats import MIN_BOOTSTRAP_SEEDS
+
 
 def _num(value: Any, fmt: str = ".4g") -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
@@ -20,7 +22,8 @@ def _pct(value: Any) -> str:
 def _interval(value: Mapping[str, Any] | None, fmt: str = ".3f") -> str:
     if value is None:
         return "n/a"
-    return f"{_num(value['estimate'], fmt)} [{_num(value['ci_low'], fmt)}, {_num(value['ci_high'], fmt)}] (n={value['n_pairs']})"
+    what = "range" if value.get("kind", "bootstrap") == "range" else "CI"  # reports written before `kind`: bootstrap
+    return f"{_num(value['estimate'], fmt)} [{_num(value['ci_low'], fmt)}, {_num(value['ci_high'], fmt)}] (n={value['n_pairs']}, {what})"
 
 
 def _before_after(block: Mapping[str, Any], split: str) -> str:
@@ -34,7 +37,9 @@ def report_markdown(report: Mapping[str, Any], title: str) -> str:
         f"# A/B study `{title}`",
         "",
         f"Baseline arm: `{base}`. Means over seeds; ratios and differences to the baseline are paired by seed "
-        f"with a {level:.0%} percentile bootstrap interval [low, high] over seeds (n = pairs). "
+        f"[low, high]: with fewer than {MIN_BOOTSTRAP_SEEDS} paired seeds the range over the seeds (marked `range`, not a "
+        f"confidence interval), from {MIN_BOOTSTRAP_SEEDS} on a {level:.0%} paired percentile bootstrap interval (marked `CI`); "
+        f"n = pairs. "
         f"Wall clock = {report['wall_clock']}.",
         "",
         "## Cost",

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ._report import CurvePoint
+from ._stats import MIN_BOOTSTRAP_SEEDS
 
 
 def step_values(curve: Sequence[CurvePoint], grid: np.ndarray) -> np.ndarray:
@@ -77,6 +78,7 @@ def _ratio_png(figure: Any, path: Path, report: Mapping[str, Any]) -> None:
         ax.errorbar(r["estimate"], y, xerr=[[r["estimate"] - r["ci_low"]], [r["ci_high"] - r["estimate"]]], fmt="o", capsize=4)
     ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
     ax.set_yticks(range(len(rows)), [f"{arm} (n={r['n_pairs']})" for arm, r in rows])
-    ax.set_xlabel(f"wall clock × {report['baseline']} ({report['bootstrap']['level']:.0%} CI, paired by seed)")
+    ax.set_xlabel(f"wall clock × {report['baseline']} (bars: range over seeds below {MIN_BOOTSTRAP_SEEDS} seeds, "
+                  f"else {report['bootstrap']['level']:.0%} paired bootstrap CI)")
     ax.grid(axis="x", alpha=0.3)
     fig.savefig(path, dpi=110)

@@ -44,6 +44,13 @@ def test_report_gives_a_row_per_seed_and_the_mean_rise(learn_seeds, tmp_path: Pa
     text = learn_seeds.report(folders)
     assert "| 0 | 20.0 → 32.0 | 18.0 → 30.0 | 19.0 → 31.0 | 12.0 | 8: 32.0 | 1700 | 1500 | 1000 | 40 |" in text
     assert "| 2 | 20.0 → 26.0 | 20.0 → 26.0 | 20.0 → 26.0 | 6.0 | none |" in text
-    assert "Mean rise over seeds [0, 1, 2]: +9.3 pp" in text
-    low, high = text.split("interval [")[1].split("]")[0].split(", ")
-    assert 6.0 <= float(low) <= 9.3 <= float(high) <= 12.0
+    assert "Mean rise over seeds [0, 1, 2]: +9.3 pp (range over 3 seeds: [+6.0, +12.0])" in text
+    assert "95" not in text and "bootstrap" not in text  # three seeds give a range, never a 95 % interval
+
+
+def test_five_seeds_get_a_paired_bootstrap_interval_with_its_n(learn_seeds, tmp_path: Path) -> None:
+    rises = [(0.20, 0.30), (0.22, 0.30), (0.20, 0.26), (0.18, 0.30), (0.25, 0.29)]
+    text = learn_seeds.report([_run_folder(tmp_path, s, (b, b), (a, a)) for s, (b, a) in enumerate(rises)])
+    assert "(95 % paired bootstrap interval, n = 5: [" in text
+    low, high = text.split("n = 5: [")[1].split("]")[0].split(", ")
+    assert 4.0 <= float(low) <= float(high) <= 12.0

@@ -80,13 +80,13 @@ def test_target_rule_compares_time_to_reach_it():
     assert report["stop_rule"] == {"kind": "target_heldout", "target": 0.55}
     assert not any("stopped by" in n for n in report["notes"])
     text = report_markdown(report, "study")
-    assert "Time to held-out success ≥ 55%" in text and "| x | 10.0 | 1/1 | 0.250 [0.250, 0.250] (n=1) |" in text
+    assert "Time to held-out success ≥ 55%" in text and "| x | 10.0 | 1/1 | 0.250 [0.250, 0.250] (n=1, range) |" in text
 
 
 def test_markdown_says_n_a_for_absent_figures():
     records = [_record("base", 0, _summary(100.0)), _record("x", 0, _summary(90.0))]
     text = report_markdown(build_report(records, arms=["base", "x"], seeds=[0], baseline="base", resamples=100), "s")
-    assert "| x | 1 | 90.0 | 0.900 [0.900, 0.900] (n=1) |" in text
+    assert "| x | 1 | 90.0 | 0.900 [0.900, 0.900] (n=1, range) |" in text
     assert "n/a / n/a" in text  # no gate precision / recall in these summaries
 
 

@@ -71,3 +71,23 @@ def test_mean_sd_skips_missing_values():
     assert mean_sd([1.0, None, 3.0, float("nan")]) == (2.0, math.sqrt(2.0))
     assert mean_sd([5.0]) == (5.0, None)
     assert mean_sd([None]) == (None, None)
+
+
+def test_below_five_seeds_the_bounds_are_the_range_over_seeds_and_say_so():
+    baseline, arm = {0: 10.0, 1: 12.0, 2: 9.0}, {0: 8.0, 1: 11.0, 2: 9.5}
+    three = paired_difference(baseline, arm)
+    assert three is not None and three.kind == "range"
+    assert (three.ci_low, three.ci_high) == (-2.0, 0.5)  # min and max of the per-seed differences
+    assert three.describe() == "range over 3 seeds" and "95" not in three.describe()
+    five = paired_ratio({s: 10.0 + s for s in range(5)}, {s: 9.0 + 2 * s for s in range(5)})
+    assert five is not None and five.kind == "bootstrap"
+    assert five.describe() == "95 % paired bootstrap interval, n = 5"
+    assert five.to_json()["kind"] == "bootstrap"
+
+
+def test_the_ab_report_marks_a_three_seed_range_as_a_range():
+    from pipeline.ab._markdown import _interval
+
+    assert _interval(paired_ratio({0: 10.0, 1: 12.0, 2: 9.0}, {0: 8.0, 1: 11.0, 2: 9.5}).to_json()).endswith("(n=3, range)")
+    five = paired_ratio({s: 10.0 + s for s in range(5)}, {s: 9.0 + 2 * s for s in range(5)})
+    assert _interval(five.to_json()).endswith("(n=5, CI)")
