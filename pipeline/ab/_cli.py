@@ -1,8 +1,9 @@
 """`run.py ab`: run a study, rebuild its report, list the presets.
 
     python run.py ab [--arms A,B,...] [--seeds 0,1,2] [--budget default] [--config BASE] [--set K=V ...]
-                     [--name NAME] [--out DIR] [--baseline ARM] [--target-heldout X [--eval-every N]] [--dry-run]
-    python run.py ab report RUN_DIR [--baseline ARM]
+                     [--name NAME] [--out DIR] [--baseline ARM] [--target-heldout X [--eval-every N]]
+                     [--keep-loaded-wall] [--dry-run]
+    python run.py ab report RUN_DIR [--baseline ARM] [--keep-loaded-wall]
     python run.py ab list
 
 Exit codes: 0 every run finished, 1 some run failed (the report covers the rest), 2 bad usage or
@@ -41,8 +42,13 @@ def _study_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", help="arm the others are compared to (default: the first arm)")
     p.add_argument("--target-heldout", type=float, help="stop each run at this held-out success and compare time to reach it")
     p.add_argument("--eval-every", type=int, help="held-out evaluation every N updates (with --target-heldout; default 2)")
+    p.add_argument("--keep-loaded-wall", action="store_true", help=_KEEP_LOADED)
     p.add_argument("--dry-run", action="store_true", help="validate and print the plan, run nothing")
     return p
+
+
+_KEEP_LOADED = ("keep the wall clock of runs on a loaded machine (summary machine_loaded) in wall means and ratios "
+                "(default: left out; their env steps and tokens stay in)")
 
 
 def main(argv: Sequence[str], *, load: Loader, command: Sequence[str], configs: Path) -> int:
@@ -92,7 +98,7 @@ def _study_command(args: argparse.Namespace, load: Loader, command: Sequence[str
         _print_plan(study, budget, todo)
         return 0
     write_plan(study, {"budget": budget.name if budget else None, "base_config": args.config, "set": list(args.overrides),
-                       "target_heldout": args.target_heldout, "argv": sys.argv})
+                       "target_heldout": args.target_heldout, "keep_loaded_wall": args.keep_loaded_wall, "argv": sys.argv})
     return _run_study(study, todo, command)
 
 
@@ -143,15 +149,17 @@ def _run_study(study: Study, todo: list[Any], command: Sequence[str]) -> int:
     return 0
 
 
-def write_report(ab_dir: Path, baseline: str | None = None) -> dict[str, Any]:
-    """Rebuild report.json, report.md and the plots from the study's finished runs."""
+def write_report(ab_dir: Path, baseline: str | None = None, keep_loaded_wall: bool | None = None) -> dict[str, Any]:
+    """Rebuild report.json, report.md and the plots from the study's finished runs (`keep_loaded_wall` None: the
+    study's own choice)."""
     plan = read_plan(ab_dir)
+    keep = bool(plan.get("keep_loaded_wall", False)) if keep_loaded_wall is None else keep_loaded_wall
     arms, seeds = [a["name"] for a in plan["arms"]], plan["seeds"]
     baseline = baseline or plan["baseline"]
     if baseline not in arms:
         raise ConfigError([f"baseline {baseline!r} is not one of the study's arms ({', '.join(arms)})"])
     records = [r for a in arms for s in seeds if (r := read_run(a, s, ab_dir / f"{a}-s{s}")) is not None]
-    report = build_report(records, arms=arms, seeds=seeds, baseline=baseline, target=plan.get("target_heldout"))
+    report = build_report(records, arms=arms, seeds=seeds, baseline=baseline, target=plan.get("target_heldout"), keep_loaded_wall=keep)
     report["plots"] = write_plots(ab_dir, {a: [r.curve for r in records if r.arm == a] for a in arms}, report)
     if not report["plots"]:
         report["notes"].append("no plots: matplotlib is not installed (pip install rollcut[plot])")
@@ -166,11 +174,12 @@ def _report_command(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="run.py ab report", description="rebuild report.md, report.json and the plots")
     p.add_argument("run_dir", help="the study folder: <out>/<name> or <out>/<name>/ab")
     p.add_argument("--baseline", help="compare to this arm instead of the study's baseline")
+    p.add_argument("--keep-loaded-wall", action="store_true", default=None, help=_KEEP_LOADED)
     args = p.parse_args(argv)
     ab_dir = Path(args.run_dir)
     if not (ab_dir / "plan.json").is_file() and (ab_dir / "ab" / "plan.json").is_file():
         ab_dir = ab_dir / "ab"
-    write_report(ab_dir, args.baseline)
+    write_report(ab_dir, args.baseline, args.keep_loaded_wall)
     print((ab_dir / "report.md").read_text())
     return 0
 

@@ -26,6 +26,16 @@ def _interval(value: Mapping[str, Any] | None, fmt: str = ".3f") -> str:
     return f"{_num(value['estimate'], fmt)} [{_num(value['ci_low'], fmt)}, {_num(value['ci_high'], fmt)}] (n={value['n_pairs']}, {what})"
 
 
+def _kind(value: Mapping[str, Any]) -> str:
+    return "range" if value.get("kind", "bootstrap") == "range" else "CI"
+
+
+def _seeds(block: Mapping[str, Any]) -> str:
+    """Seeds run, and how many of them ran on a loaded machine (their wall clock is out unless kept)."""
+    loaded = sum(1 for f in block["per_seed"].values() if f.get("machine_loaded"))
+    return f"{block['n']} ({loaded} loaded)" if loaded else str(block["n"])
+
+
 def _before_after(block: Mapping[str, Any], split: str) -> str:
     return f"{_pct(block.get(f'heldout_{split}_before'))} → {_pct(block.get(f'heldout_{split}_after'))}"
 
@@ -40,7 +50,8 @@ def report_markdown(report: Mapping[str, Any], title: str) -> str:
         f"[low, high]: with fewer than {MIN_BOOTSTRAP_SEEDS} paired seeds the range over the seeds (marked `range`, not a "
         f"confidence interval), from {MIN_BOOTSTRAP_SEEDS} on a {level:.0%} paired percentile bootstrap interval (marked `CI`); "
         f"n = pairs. "
-        f"Wall clock = {report['wall_clock']}.",
+        f"Wall clock = {report['wall_clock']}. Held-out before / after on the `{report.get('heldout_range') or 'unnamed'}` "
+        f"task range" + (f", periodic measures on `{report['curve_range']}`" if report.get("curve_range") else "") + ".",
         "",
         "## Cost",
         "",
@@ -50,28 +61,34 @@ def report_markdown(report: Mapping[str, Any], title: str) -> str:
     for arm, b in arms.items():
         c = comps.get(arm, {})
         lines.append(
-            f"| {arm} | {b['n']} | {_num(b.get('wall_s'), '.1f')} | {'baseline' if arm == base else _interval(c.get('wall_ratio'))} "
+            f"| {arm} | {_seeds(b)} | {_num(b.get('wall_s'), '.1f')} | {'baseline' if arm == base else _interval(c.get('wall_ratio'))} "
             f"| {_num(b.get('env_steps'), '.0f')} | {'baseline' if arm == base else _interval(c.get('env_steps_ratio'))} "
             f"| {_num(b.get('generated_tokens'), '.0f')} | {_num(b.get('groups_admitted'), '.1f')} / {_num(b.get('groups_cut'), '.1f')} / "
             f"{_num(b.get('groups_backfilled'), '.1f')} / {_num(b.get('groups_trained'), '.1f')} ({_num(b.get('informative_groups'), '.1f')}) "
             f"| {_pct(b.get('zero_variance_fraction'))} | {_pct(b.get('slot_occupancy'))} |"
         )
-    lines += ["", "## Quality", "",
+    lines += ["", f"## Quality (held-out: `{report.get('heldout_range') or 'unnamed'}` range)", "",
               "| arm | held-out seen before → after | unseen before → after | after − baseline (pp) | gate precision / recall |",
               "|---|---|---|---|---|"]
     for arm, b in arms.items():
         delta = comps.get(arm, {}).get("heldout_after_delta")
         delta_s = "baseline" if arm == base else (
-            "n/a" if delta is None else f"{delta['estimate'] * 100:+.1f} [{delta['ci_low'] * 100:+.1f}, {delta['ci_high'] * 100:+.1f}]")
+            "n/a" if delta is None else
+            f"{delta['estimate'] * 100:+.1f} [{delta['ci_low'] * 100:+.1f}, {delta['ci_high'] * 100:+.1f}] (n={delta['n_pairs']}, {_kind(delta)})")
         lines.append(f"| {arm} | {_before_after(b, 'seen')} | {_before_after(b, 'unseen')} | {delta_s} "
                      f"| {_pct(b.get('gate_precision'))} / {_pct(b.get('gate_recall'))} |")
     if report["stop_rule"]["kind"] == "target_heldout":
-        lines += ["", f"## Time to held-out success ≥ {report['stop_rule']['target']:.0%}", "",
-                  "| arm | seconds (mean of seeds that reached it) | reached | × baseline |", "|---|---|---|---|"]
+        lines += ["", f"## Time to held-out success ≥ {report['stop_rule']['target']:.0%} "
+                  f"(periodic measures on `{report.get('curve_range') or 'unnamed'}`, stamped when their weights were published)", "",
+                  "A seed that never reached the target is censored: it counts at its budget (the GRPO wall clock it ran), "
+                  "so its time, and a mean or ratio holding it, is a lower bound.", "",
+                  "| arm | seconds (mean over seeds, censored ones at their budget) | reached | censored | × baseline |",
+                  "|---|---|---|---|---|"]
         for arm, b in arms.items():
-            reached = sum(f.get("time_to_target_s") is not None for f in b["per_seed"].values())
+            flags = [f.get("target_reached") for f in b["per_seed"].values()]
+            reached, censored = sum(1 for x in flags if x == 1.0), sum(1 for x in flags if x == 0.0)
             ratio = "baseline" if arm == base else _interval(comps.get(arm, {}).get("time_to_target_ratio"))
-            lines.append(f"| {arm} | {_num(b.get('time_to_target_s'), '.1f')} | {reached}/{b['n']} | {ratio} |")
+            lines.append(f"| {arm} | {_num(b.get('time_to_target_s'), '.1f')} | {reached}/{b['n']} | {censored} | {ratio} |")
     if report["missing"]:
         lines += ["", "Not finished: " + ", ".join(f"{m['arm']} seed {m['seed']}" for m in report["missing"]) + "."]
     if report["notes"]:

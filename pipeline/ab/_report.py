@@ -12,6 +12,11 @@ every arm and would only add noise. The whole job's time is `job_wall_s`.
 `groups_trained_informative`, counted per update): at equal updates sync-grpo trains its zero-variance
 groups (no gradient) and the async arms drop them. Not the allocator's count of groups handed to the
 learner, which includes those still waiting for a batch when the run stopped.
+
+Time to target and loaded runs follow `_timing.py`: periodic measures only, stamped at publication, an
+unreached seed censored at its budget; a run flagged `machine_loaded` keeps its env steps and tokens but its
+wall clocks are left out unless `keep_loaded_wall`. Every held-out figure names its task range
+(`heldout_range`, `curve_range`: pipeline/task_ranges.py).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ._stats import PairedInterval, mean_sd, paired_difference, paired_ratio
+from ._timing import WALL_KEYS, load_note, loaded_flag, time_to_target
 
 # report key -> candidate paths in summary.json, first present wins (newer key names first)
 METRICS: dict[str, tuple[tuple[str, ...], ...]] = {
@@ -61,6 +67,9 @@ class CurvePoint:
     mean: float
     seen: float | None = None
     unseen: float | None = None
+    periodic: bool = False
+    """A measure during GRPO (`eval.every`, on `eval.curve_range`, stamped when its weights were published);
+    else the before (t = 0) or after measure (on `eval.range`)."""
 
 
 @dataclass(frozen=True)
@@ -86,12 +95,12 @@ def _lookup(data: Mapping[str, Any], paths: tuple[tuple[str, ...], ...]) -> floa
 
 def curve_from(summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> tuple[tuple[CurvePoint, ...], bool]:
     """Held-out points from metrics.jsonl rows (`heldout/mean` with `wall_s`), framed by before and after."""
-    def point(t: float | None, mean: float | None, seen: float | None, unseen: float | None) -> list[CurvePoint]:
-        return [CurvePoint(t, mean, seen, unseen)] if t is not None and mean is not None else []
+    def point(t: float | None, mean: float | None, seen: float | None, unseen: float | None, periodic: bool = False) -> list[CurvePoint]:
+        return [CurvePoint(t, mean, seen, unseen, periodic)] if t is not None and mean is not None else []
 
     periodic = [p for r in rows
                 for p in point(_lookup(r, (("wall_s",),)), _lookup(r, (("heldout/mean",),)),
-                               _lookup(r, (("heldout/seen",),)), _lookup(r, (("heldout/unseen",),)))]
+                               _lookup(r, (("heldout/seen",),)), _lookup(r, (("heldout/unseen",),)), True)]
     before = point(0.0, *(_lookup(summary, METRICS[k]) for k in ("heldout_success_before", "heldout_seen_before", "heldout_unseen_before")))
     after = point(_lookup(summary, METRICS["wall_s"]),
                   *(_lookup(summary, METRICS[k]) for k in ("heldout_success_after", "heldout_seen_after", "heldout_unseen_after")))
@@ -109,20 +118,22 @@ def read_run(arm: str, seed: int, run_dir: Path) -> RunRecord | None:
     return RunRecord(arm, seed, summary, curve, periodic)
 
 
-def time_to_target(curve: Sequence[CurvePoint], target: float) -> float | None:
-    """Wall seconds of the first held-out measurement at or above `target` (None: never reached)."""
-    return next((p.wall_s for p in curve if p.mean >= target), None)
-
-
-def run_figures(record: RunRecord, target: float | None) -> dict[str, float | None]:
+def run_figures(record: RunRecord, target: float | None, keep_loaded_wall: bool = False) -> dict[str, float | None]:
+    """The run's figures; with a target, its time to it (`target_reached` 0.0: censored at its budget); a loaded
+    run's wall clocks are None unless `keep_loaded_wall`."""
     figures = {key: _lookup(record.summary, paths) for key, paths in METRICS.items()}
+    figures["machine_loaded"] = loaded_flag(record.summary)
     if target is not None:
-        figures["time_to_target_s"] = time_to_target(record.curve, target)
+        reached = time_to_target(record.curve, target, figures["wall_s"])
+        figures["time_to_target_s"] = reached.seconds if reached is not None else None
+        figures["target_reached"] = float(reached.reached) if reached is not None else None
+    if figures["machine_loaded"] and not keep_loaded_wall:
+        figures |= {key: None for key in WALL_KEYS if key in figures}
     return figures
 
 
-def _arm_block(records: Sequence[RunRecord], target: float | None) -> dict[str, Any]:
-    per_seed = {r.seed: run_figures(r, target) for r in sorted(records, key=lambda r: r.seed)}
+def _arm_block(records: Sequence[RunRecord], target: float | None, keep_loaded_wall: bool) -> dict[str, Any]:
+    per_seed = {r.seed: run_figures(r, target, keep_loaded_wall) for r in sorted(records, key=lambda r: r.seed)}
     keys = list(next(iter(per_seed.values()))) if per_seed else list(METRICS)
     stats = {k: mean_sd([f[k] for f in per_seed.values()]) for k in keys}
     return {
@@ -159,27 +170,43 @@ def build_report(
     target: float | None = None,
     resamples: int = 10_000,
     level: float = 0.95,
+    keep_loaded_wall: bool = False,
 ) -> dict[str, Any]:
     """Everything report.json holds; `arms`/`seeds` are the plan (missing runs are listed, not invented)."""
     by_arm = {a: [r for r in records if r.arm == a] for a in arms}
-    blocks = {a: _arm_block(rs, target) for a, rs in by_arm.items()}
+    blocks = {a: _arm_block(rs, target, keep_loaded_wall) for a, rs in by_arm.items()}
     per_seed = {a: {int(s): f for s, f in blocks[a]["per_seed"].items()} for a in arms}
     comparisons = {a: _comparison(per_seed[baseline], per_seed[a], resamples, level) for a in arms if a != baseline}
     done = {(r.arm, r.seed) for r in records}
     return {
         "baseline": baseline,
-        "wall_clock": "GRPO phase (summary grpo_wall_s); warm start and before/after evaluation excluded",
+        "wall_clock": "GRPO phase (summary grpo_wall_s); warm start and before/after evaluation excluded"
+                      + ("" if keep_loaded_wall else "; runs on a loaded machine left out"),
+        "keep_loaded_wall": keep_loaded_wall,
+        "loaded_runs": [{"arm": r.arm, "seed": r.seed} for r in records if loaded_flag(r.summary)],
+        "heldout_range": _ranges(records, "heldout_range"),
+        "curve_range": _ranges(records, "heldout_curve_range"),
         "stop_rule": {"kind": "target_heldout", "target": target} if target is not None else {"kind": "trained_groups"},
         "bootstrap": {"paired_by": "seed", "resamples": resamples, "level": level, "method": "percentile"},
         "arms": blocks,
         "comparisons": comparisons,
         "missing": [{"arm": a, "seed": s} for s in seeds for a in arms if (a, s) not in done],
-        "notes": _notes(records, blocks, target),
+        "notes": _notes(records, blocks, target, keep_loaded_wall),
     }
 
 
-def _notes(records: Sequence[RunRecord], blocks: Mapping[str, Any], target: float | None) -> list[str]:
-    notes = []
+def _ranges(records: Sequence[RunRecord], key: str) -> str | None:
+    """The task range the runs' figures come from ("dev, test" if they differ; None: no run names one)."""
+    names = sorted({str(r.summary[key]) for r in records if r.summary.get(key)})
+    return ", ".join(names) if names else None
+
+
+def _notes(records: Sequence[RunRecord], blocks: Mapping[str, Any], target: float | None, keep_loaded_wall: bool) -> list[str]:
+    notes = [load_note(r.arm, r.seed, r.summary, keep_loaded_wall) for r in records if loaded_flag(r.summary)]
+    if records and all(loaded_flag(r.summary) is None for r in records):
+        notes.append("no run recorded its machine load (summary.json before `load_1m_mean`): a loaded machine cannot be told apart")
+    if len({r.summary.get("heldout_range") for r in records}) > 1:
+        notes.append("runs measured held-out success on different task ranges: their held-out figures are not comparable")
     if records and not any(r.periodic for r in records):
         notes.append("no periodic held-out rows (`heldout/mean` in metrics.jsonl): eval.every is 0 or this pipeline "
                      "has no periodic evaluation, so each learning curve is its before and after points only")

@@ -3,7 +3,8 @@ import pytest
 
 from pipeline.ab._markdown import report_markdown
 from pipeline.ab._plots import step_values
-from pipeline.ab._report import CurvePoint, RunRecord, build_report, curve_from, run_figures, time_to_target
+from pipeline.ab._report import CurvePoint, RunRecord, build_report, curve_from, run_figures
+from pipeline.ab._timing import TimeToTarget, time_to_target
 
 
 def _summary(wall: float, after: float = 0.5, **extra):
@@ -26,8 +27,10 @@ def test_curve_is_before_then_periodic_rows_then_after():
     assert periodic
     assert [(p.wall_s, p.mean) for p in curve] == [(0.0, 0.3), (10.0, 0.4), (20.0, 0.6), (30.0, 0.7)]
     assert (curve[0].seen, curve[0].unseen) == (0.2, 0.4)
-    assert time_to_target(curve, 0.55) == 20.0
-    assert time_to_target(curve, 0.9) is None
+    assert [p.periodic for p in curve] == [False, True, True, False]
+    assert time_to_target(curve, 0.55, 30.0) == TimeToTarget(20.0, True)
+    assert time_to_target(curve, 0.65, 30.0) == TimeToTarget(30.0, False)  # the after measure (another range) does not count
+    assert time_to_target(curve, 0.9, None) is None
     assert curve_from(_summary(30.0), [])[1] is False
 
 
@@ -80,7 +83,7 @@ def test_target_rule_compares_time_to_reach_it():
     assert report["stop_rule"] == {"kind": "target_heldout", "target": 0.55}
     assert not any("stopped by" in n for n in report["notes"])
     text = report_markdown(report, "study")
-    assert "Time to held-out success ≥ 55%" in text and "| x | 10.0 | 1/1 | 0.250 [0.250, 0.250] (n=1, range) |" in text
+    assert "Time to held-out success ≥ 55%" in text and "| x | 10.0 | 1/1 | 0 | 0.250 [0.250, 0.250] (n=1, range) |" in text
 
 
 def test_markdown_says_n_a_for_absent_figures():
@@ -95,3 +98,35 @@ def test_step_values_hold_the_last_measurement():
     values = step_values(curve, np.array([-1.0, 0.0, 9.9, 10.0, 25.0]))
     assert np.isnan(values[0])
     assert list(values[1:]) == [0.1, 0.1, 0.5, 0.3]
+
+
+def test_time_to_target_is_the_publish_stamp_and_an_unreached_seed_is_censored_at_its_budget():
+    # Rows are stamped when their weights were published (pipeline/heldout.py): seed 0 of `x` got there at 10 s.
+    # Seed 1 of `x` never did in its 300 s: it counts at 300 s, is counted as censored, and the ratio holds it.
+    base = [_record("base", s, _summary(100.0, stop_reason="target_heldout"), [{"wall_s": 40.0, "heldout/mean": 0.6}]) for s in (0, 1)]
+    x = [_record("x", 0, _summary(50.0, stop_reason="target_heldout"), [{"wall_s": 10.0, "heldout/mean": 0.6}]),
+         _record("x", 1, _summary(300.0, after=0.9), [{"wall_s": 100.0, "heldout/mean": 0.5}])]
+    report = build_report(base + x, arms=["base", "x"], seeds=[0, 1], baseline="base", target=0.55, resamples=100)
+    per_seed = report["arms"]["x"]["per_seed"]
+    assert (per_seed["0"]["time_to_target_s"], per_seed["0"]["target_reached"]) == (10.0, 1.0)
+    assert (per_seed["1"]["time_to_target_s"], per_seed["1"]["target_reached"]) == (300.0, 0.0)  # after = 0.9 is not the curve
+    assert report["comparisons"]["x"]["time_to_target_ratio"]["estimate"] == pytest.approx(155.0 / 40.0)
+    assert "| x | 155.0 | 1/2 | 1 |" in report_markdown(report, "s")
+
+
+def test_a_loaded_run_is_flagged_and_its_wall_clock_left_out_of_wall_ratios_unless_kept():
+    idle = {"load_1m_mean": 1.2, "cores_available": 2, "other_cpu_cores": 0.05, "machine_loaded": False}
+    loaded = {"load_1m_mean": 11.0, "cores_available": 2, "other_cpu_cores": 1.4, "machine_loaded": True}
+    records = [_record("base", 0, _summary(100.0, **loaded)), _record("base", 1, _summary(200.0, **idle)),
+               _record("x", 0, _summary(50.0, **idle)), _record("x", 1, _summary(160.0, **idle))]
+    report = build_report(records, arms=["base", "x"], seeds=[0, 1], baseline="base", resamples=100)
+    wall, steps = report["comparisons"]["x"]["wall_ratio"], report["comparisons"]["x"]["env_steps_ratio"]
+    assert (wall["estimate"], wall["seeds"]) == (pytest.approx(0.8), [1])  # seed 0's pair is out: its baseline ran loaded
+    assert steps["seeds"] == [0, 1]  # env steps stay in
+    assert report["arms"]["base"]["wall_s"] == 200.0 and report["loaded_runs"] == [{"arm": "base", "seed": 0}]
+    text = report_markdown(report, "s")
+    assert "| base | 2 (1 loaded) |" in text
+    assert any("base seed 0 ran on a loaded machine (mean 1-minute load 11.00 on 2 cores" in n and "left out" in n
+               for n in report["notes"])
+    kept = build_report(records, arms=["base", "x"], seeds=[0, 1], baseline="base", resamples=100, keep_loaded_wall=True)
+    assert kept["comparisons"]["x"]["wall_ratio"]["seeds"] == [0, 1] and kept["arms"]["base"]["wall_s"] == 150.0
