@@ -3,15 +3,23 @@
     .venv/bin/python bench/learn_seeds.py [--config configs/learn.toml] [--seeds 0 1 2] [--set key=value ...]
     .venv/bin/python bench/learn_seeds.py --config default        # the default run (no config file)
     .venv/bin/python bench/learn_seeds.py --report runs/learn-s0 runs/learn-s1 runs/learn-s2
+    .venv/bin/python bench/learn_seeds.py --verdict configs/verdicts/learn-preset.toml   # a declared verdict
 
 Runs `run.py` once per seed, one after the other (each run has the machine to itself: its wall time is
 the figure), into run folders `<run.name>-s<seed>`, then prints one markdown row per seed (held-out
-seen / unseen / mean before -> after, job wall seconds, GRPO wall seconds, env steps, learner updates)
-and the mean rise over seeds with the range over the seeds (below 5 seeds) or its 95 % paired percentile bootstrap
-interval (5 seeds or more; seeds resampled, before and
-after of a seed kept together: `pipeline.ab._stats.paired_difference`). `--report` tabulates existing
-run folders instead. The warm start of a seed is trained on first use and cached; build it beforehand
-(`run.py pretrain --set run.seed=N`) for a wall time that counts only the cached load.
+seen / unseen / mean before -> after on the run's task range, job wall seconds, GRPO wall seconds, the GRPO
+phase's mean 1-minute load against the cores, env steps, learner updates) and the mean rise over seeds with
+the range over the seeds (below 5 seeds) or its 95 % paired percentile bootstrap interval (5 seeds or more;
+seeds resampled, before and after of a seed kept together: `pipeline.ab._stats.paired_difference`). Folders
+that rerun a seed count as one seed (the mean of its runs) and their spread is printed. `--report`
+tabulates existing run folders instead. The warm start of a seed is trained on first use and cached; build
+it beforehand (`run.py pretrain --set run.seed=N`) for a wall time that counts only the cached load.
+
+Without `--verdict` the runs measure `eval.range` (dev by default: tuning). `--verdict FILE` runs exactly a
+declared verdict (`pipeline/verdict.py`, configs/verdicts/): its config, overrides and new seeds on the test
+range, kind "seeds" here and kind "ab" through `run.py ab`, and writes `FILE.result.md` / `.result.json`
+beside it whatever the figure is; a verdict with a result already, or not committed as it stands, is refused
+(exit 2; `--uncommitted` runs one anyway and says so in the result).
 """
 
 from __future__ import annotations
@@ -20,27 +28,40 @@ import argparse
 import json
 import subprocess
 import sys
+import time
+from collections import defaultdict
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.ab._stats import paired_difference  # noqa: E402
-from pipeline.config import load_config  # noqa: E402
+from pipeline.config import ConfigError, load_config  # noqa: E402
 from pipeline.rundir import free_run_name  # noqa: E402
+from pipeline.verdict import Verdict, declared_commit, head_commit, load_verdict, result_paths  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _command(config: Path | None, sets: list[str]) -> list[str]:
+    preset = ["--config", str(config)] if config is not None else []
+    return [sys.executable, str(ROOT / "run.py"), *preset, *(a for s in sets for a in ("--set", s))]
+
+
+def _out(config: Path | None, overrides: list[str]) -> tuple[Path, str]:
+    run = load_config(config, overrides).run
+    return (Path(run.out) if Path(run.out).is_absolute() else ROOT / run.out), run.name
+
+
 def run_seeds(config: Path | None, seeds: list[int], overrides: list[str]) -> list[Path]:
     """Run the preset (None: the built-in defaults) once per seed; returns the run folders in seed order."""
-    run = load_config(config, overrides).run
-    out = Path(run.out) if Path(run.out).is_absolute() else ROOT / run.out
-    preset = ["--config", str(config)] if config is not None else []
+    out, name = _out(config, overrides)
     folders = []
     for seed in seeds:
-        folder = free_run_name(out, f"{run.name}-s{seed}")  # the folder run.py will use, not an older run's
-        sets = [*overrides, f"run.seed={seed}", f'run.name="{folder}"']
-        command = [sys.executable, str(ROOT / "run.py"), *preset, *(a for s in sets for a in ("--set", s))]
+        folder = free_run_name(out, f"{name}-s{seed}")  # the folder run.py will use, not an older run's
+        command = _command(config, [*overrides, f"run.seed={seed}", f'run.name="{folder}"'])
         print(f"seed {seed}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
         subprocess.run(command, cwd=ROOT, check=True)
         folders.append(out / folder)
@@ -57,48 +78,175 @@ def _curve(summary: dict) -> str:
     return ", ".join(f"{i}: {_pct(m)}" for i, m in points if m is not None) or "none"
 
 
+def _load(summary: dict) -> str:
+    """The GRPO phase's mean 1-minute load / the cores it had, "loaded" when the run flagged a loaded machine."""
+    load, cores = summary.get("load_1m_mean"), summary.get("cores_available")
+    if load is None or cores is None:
+        return "n/a"
+    return f"{load:.1f} / {cores}" + (" loaded" if summary.get("machine_loaded") else "")
+
+
 def report(folders: list[Path]) -> str:
-    """A markdown table of the runs' held-out success before -> after, their cost, and the mean rise."""
+    """A markdown table of the runs' held-out success before -> after, their cost, and the mean rise (a seed
+    run more than once counts once, as the mean of its runs, and the spread of its reruns is printed)."""
     rows = [json.loads((folder / "summary.json").read_text()) for folder in folders]
     lines = [
-        "| seed | seen before → after | unseen before → after | mean before → after | rise (pp) | mean on the way (update: %) | job wall s | GRPO wall s | env steps | learner updates |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| seed | seen before → after | unseen before → after | mean before → after | rise (pp) | mean on the way (update: %) "
+        "| job wall s | GRPO wall s | load 1 min / cores | env steps | learner updates |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    before: dict[int, float | None] = {}
-    after: dict[int, float | None] = {}
+    runs: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for s in rows:
         seed = s["seed"]
         b, a = s["heldout_before"], s["heldout_after"]
-        before[seed], after[seed] = s["heldout_success_before"], s["heldout_success_after"]
-        rise = None if before[seed] is None or after[seed] is None else after[seed] - before[seed]
+        before, after = s["heldout_success_before"], s["heldout_success_after"]
+        rise = None if before is None or after is None else after - before
+        if rise is not None:
+            runs[seed].append((before, after))
         lines.append(
             f"| {seed} | {_pct(b.get('heldout_seen'))} → {_pct(a.get('heldout_seen'))} "
             f"| {_pct(b.get('heldout_unseen'))} → {_pct(a.get('heldout_unseen'))} "
-            f"| {_pct(before[seed])} → {_pct(after[seed])} | {_pct(rise)} | {_curve(s)} "
-            f"| {s['wall_s']:.0f} | {s['grpo_wall_s']:.0f} | {s['env_steps']} | {s['learner_updates']} |"
+            f"| {_pct(before)} → {_pct(after)} | {_pct(rise)} | {_curve(s)} "
+            f"| {s['wall_s']:.0f} | {s['grpo_wall_s']:.0f} | {_load(s)} | {s['env_steps']} | {s['learner_updates']} |"
         )
-    interval = paired_difference(before, after)
+    mean = {seed: (sum(b for b, _ in r) / len(r), sum(a for _, a in r) / len(r)) for seed, r in runs.items()}
+    interval = paired_difference({s: m[0] for s, m in mean.items()}, {s: m[1] for s, m in mean.items()})
     if interval is not None:
-        lines.append("")
-        lines.append(
+        ranges = sorted({str(s.get("heldout_range", "dev (before task ranges)")) for s in rows})
+        lines += ["", (
             f"Mean rise over seeds {list(interval.seeds)}: {100 * interval.estimate:+.1f} pp "
             f"({interval.describe()}: [{100 * interval.ci_low:+.1f}, {100 * interval.ci_high:+.1f}]). "
-            f"Held-out tasks per split: {rows[0]['heldout_tasks_per_split']}."
-        )
+            f"Held-out tasks per split: {rows[0]['heldout_tasks_per_split']}, range {', '.join(ranges)}."
+        )]
+    for seed, r in sorted(runs.items()):
+        if len(r) > 1:
+            rises = [100 * (a - b) for b, a in r]
+            lines.append(f"Reruns of seed {seed}: {len(r)} runs, rise {' / '.join(f'{x:+.1f}' for x in rises)} pp "
+                         f"(spread {max(rises) - min(rises):.1f} pp; the seed counts once, as their mean).")
     return "\n".join(lines)
 
 
-def main() -> None:
+# ---- declared verdicts --------------------------------------------------------------------------------------
+
+
+def _set_aside(folder: Path) -> None:
+    """An unfinished run folder of a verdict (crash, Ctrl-C) is kept, out of the way of the rerun."""
+    n = 1
+    while folder.with_name(f"{folder.name}.unfinished-{n}").exists():
+        n += 1
+    folder.rename(folder.with_name(f"{folder.name}.unfinished-{n}"))
+
+
+def _verdict_seeds(verdict: Verdict, name: str) -> tuple[dict[str, Any], str]:
+    """Kind "seeds": each seed into `<out>/verdict-<name>-s<seed>` (a finished one is kept); the result."""
+    config = None if verdict.config == "default" else ROOT / verdict.config
+    overrides = verdict.overrides()
+    out, _ = _out(config, overrides)
+    folders, failed = [], {}
+    for seed in verdict.seeds:
+        folder = out / f"verdict-{name}-s{seed}"
+        if (folder / "summary.json").is_file():
+            print(f"seed {seed}: {folder} finished earlier, kept", file=sys.stderr, flush=True)
+            folders.append(folder)
+            continue
+        if folder.exists():
+            _set_aside(folder)
+        command = _command(config, [*overrides, f"run.seed={seed}", f'run.name="{folder.name}"'])
+        print(f"seed {seed}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
+        returncode = subprocess.run(command, cwd=ROOT).returncode
+        if returncode == 0 and (folder / "summary.json").is_file():
+            folders.append(folder)
+        else:
+            failed[seed] = returncode
+    table = report(folders) if folders else "No seed finished."
+    summaries = {s["seed"]: s for s in (json.loads((f / "summary.json").read_text()) for f in folders)}
+    keep = ("heldout_range", "heldout_tasks_per_split", "heldout_before", "heldout_after", "heldout_success_before",
+            "heldout_success_after", "heldout_curve", "wall_s", "grpo_wall_s", "warm_start_s", "env_steps", "generated_tokens",
+            "learner_updates", "stop_reason", "load_1m_min", "load_1m_mean", "load_1m_max", "cores_available",
+            "other_cpu_cores", "machine_loaded")
+    data = {"folders": [str(f) for f in folders], "failed_seeds": failed,
+            "per_seed": {str(seed): {k: s.get(k) for k in keep} for seed, s in sorted(summaries.items())}}
+    rise = paired_difference({s: v["heldout_success_before"] for s, v in summaries.items()},
+                             {s: v["heldout_success_after"] for s, v in summaries.items()})
+    data["rise"] = rise.to_json() if rise is not None else None
+    if failed:
+        table += "\n\nFailed seeds (exit code): " + ", ".join(f"{s} ({c})" for s, c in failed.items()) + "."
+    return data, table
+
+
+def _verdict_ab(verdict: Verdict, name: str) -> tuple[dict[str, Any], str]:
+    """Kind "ab": `run.py ab` with the verdict's arms, seeds and budget (it resumes a study it finished part of)."""
+    config = None if verdict.config == "default" else ROOT / verdict.config
+    out, _ = _out(config, verdict.overrides())
+    command = [sys.executable, str(ROOT / "run.py"), "ab", "--arms", ",".join(verdict.arms),
+               "--seeds", ",".join(map(str, verdict.seeds)), "--budget", verdict.budget, "--name", f"verdict-{name}",
+               "--out", str(out), "--baseline", verdict.baseline or verdict.arms[0],
+               *(["--config", str(config)] if config is not None else []), *(a for s in verdict.overrides() for a in ("--set", s))]
+    print(" ".join(command[1:]), file=sys.stderr, flush=True)
+    returncode = subprocess.run(command, cwd=ROOT).returncode
+    ab_dir = out / f"verdict-{name}" / "ab"
+    if not (ab_dir / "report.json").is_file():
+        return {"ab_dir": str(ab_dir), "exit_code": returncode}, f"`run.py ab` wrote no report (exit code {returncode})."
+    table = (ab_dir / "report.md").read_text()
+    if returncode != 0:
+        table += f"\n`run.py ab` exited with {returncode}: some run failed (its logs are in {ab_dir / 'logs'}).\n"
+    return {"ab_dir": str(ab_dir), "exit_code": returncode, "report": json.loads((ab_dir / "report.json").read_text())}, table
+
+
+def run_verdict(path: Path, *, allow_uncommitted: bool = False) -> int:
+    """Run the declared verdict in `path` and write its result beside it; 2 when it may not run."""
+    try:
+        verdict = load_verdict(path)
+    except ConfigError as exc:
+        print(f"learn_seeds: {exc}", file=sys.stderr)
+        return 2
+    result_md, result_json = result_paths(path)
+    declared = declared_commit(path)
+    refusals = [f"{result_md} exists: a verdict runs once (its result is in)"] if result_md.exists() else []
+    if declared is None and not allow_uncommitted:
+        refusals.append(f"{path} is not committed as it stands: commit it before it runs (or --uncommitted)")
+    if refusals:
+        print("learn_seeds: " + "; ".join(refusals), file=sys.stderr)
+        return 2
+    started, at = time.perf_counter(), head_commit(ROOT)
+    name = path.name.removesuffix(".toml")
+    data, table = (_verdict_seeds if verdict.kind == "seeds" else _verdict_ab)(verdict, name)
+    seconds = time.perf_counter() - started
+    header = {"verdict": msgspec.to_builtins(verdict), "file": str(path), "declared_commit": declared or "not committed",
+              "run_commit": at, "seconds": round(seconds, 1), "finished": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+    result_json.write_text(json.dumps(header | data, indent=2) + "\n")
+    result_md.write_text("\n".join([
+        f"# Verdict `{name}`: result", "",
+        f"Declared in commit {declared or '(not committed: run with --uncommitted)'} (`{path.name}`); runs at commit {at}; "
+        f"finished {header['finished']} after {seconds / 3600:.2f} h.", "",
+        f"* **Figure:** {verdict.figure}", f"* **Goal:** {verdict.goal}",
+        *([f"* **Replaces (dev):** {verdict.replaces}"] if verdict.replaces else []),
+        f"* **Range:** {verdict.range}; seeds {verdict.seeds}; config `{verdict.config}`, set {verdict.set}", "",
+        table.rstrip(), "",
+    ]))
+    print(result_md.read_text())
+    return 0
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "configs" / "learn.toml"), help="a TOML preset, or 'default'")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--report", type=Path, nargs="+", metavar="RUN_DIR", help="tabulate these run folders, run nothing")
+    parser.add_argument("--verdict", type=Path, metavar="FILE", help="run this declared verdict (configs/verdicts/*.toml) exactly")
+    parser.add_argument("--uncommitted", action="store_true", help="run a verdict file that is not committed as it stands")
     args = parser.parse_args()
+    if args.verdict is not None:
+        if args.report or args.set or args.seeds != [0, 1, 2] or args.config != parser.get_default("config"):
+            print("learn_seeds: --verdict runs the file exactly: no --config, --seeds, --set or --report", file=sys.stderr)
+            return 2
+        return run_verdict(args.verdict, allow_uncommitted=args.uncommitted)
     config = None if args.config == "default" else Path(args.config)
     folders = args.report or run_seeds(config, args.seeds, args.set)
     print(report(folders))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

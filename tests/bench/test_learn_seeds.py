@@ -1,8 +1,10 @@
-"""bench/learn_seeds.py's table: per-seed rows from summary.json and the mean rise over seeds."""
+"""bench/learn_seeds.py's table: per-seed rows from summary.json and the mean rise over seeds; reruns of a seed
+count once and show their spread; a declared verdict runs exactly its file and writes its result beside it."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,8 +17,8 @@ def learn_seeds():
     return bench_module("learn_seeds")
 
 
-def _run_folder(tmp_path: Path, seed: int, before: tuple[float, float], after: tuple[float, float]) -> Path:
-    folder = tmp_path / f"learn-s{seed}"
+def _run_folder(tmp_path: Path, seed: int, before: tuple[float, float], after: tuple[float, float], name: str = "") -> Path:
+    folder = tmp_path / (name or f"learn-s{seed}")
     folder.mkdir()
     summary = {
         "seed": seed,
@@ -42,7 +44,7 @@ def test_report_gives_a_row_per_seed_and_the_mean_rise(learn_seeds, tmp_path: Pa
         _run_folder(tmp_path, 2, (0.20, 0.20), (0.26, 0.26)),  # +6 points
     ]
     text = learn_seeds.report(folders)
-    assert "| 0 | 20.0 → 32.0 | 18.0 → 30.0 | 19.0 → 31.0 | 12.0 | 8: 32.0 | 1700 | 1500 | 1000 | 40 |" in text
+    assert "| 0 | 20.0 → 32.0 | 18.0 → 30.0 | 19.0 → 31.0 | 12.0 | 8: 32.0 | 1700 | 1500 | n/a | 1000 | 40 |" in text
     assert "| 2 | 20.0 → 26.0 | 20.0 → 26.0 | 20.0 → 26.0 | 6.0 | none |" in text
     assert "Mean rise over seeds [0, 1, 2]: +9.3 pp (range over 3 seeds: [+6.0, +12.0])" in text
     assert "95" not in text and "bootstrap" not in text  # three seeds give a range, never a 95 % interval
@@ -54,3 +56,67 @@ def test_five_seeds_get_a_paired_bootstrap_interval_with_its_n(learn_seeds, tmp_
     assert "(95 % paired bootstrap interval, n = 5: [" in text
     low, high = text.split("n = 5: [")[1].split("]")[0].split(", ")
     assert 4.0 <= float(low) <= float(high) <= 12.0
+
+
+def test_reruns_of_a_seed_count_once_and_show_their_spread(learn_seeds, tmp_path: Path) -> None:
+    folders = [
+        _run_folder(tmp_path, 0, (0.20, 0.20), (0.30, 0.30)),  # +10
+        _run_folder(tmp_path, 1, (0.20, 0.20), (0.26, 0.26)),  # +6
+        _run_folder(tmp_path, 1, (0.20, 0.20), (0.30, 0.30), name="learn-s1-2"),  # seed 1 again: +10
+    ]
+    text = learn_seeds.report(folders)
+    assert "Mean rise over seeds [0, 1]: +9.0 pp (range over 2 seeds: [+8.0, +10.0])" in text  # seed 1 = its mean, +8
+    assert "Reruns of seed 1: 2 runs, rise +6.0 / +10.0 pp (spread 4.0 pp; the seed counts once, as their mean)." in text
+
+
+def _verdict(tmp_path: Path, text: str) -> Path:
+    folder = tmp_path / "verdicts"
+    folder.mkdir()
+    (folder / "v.toml").write_text(text)
+    return folder / "v.toml"
+
+
+VERDICT = """kind = "seeds"
+config = "default"
+set = ["eval.tasks=4", 'run.out="{out}"']
+seeds = [100, 101]
+figure = "the rise"
+goal = "+10 on each seed"
+"""
+
+
+def test_a_verdict_runs_exactly_its_file_and_writes_its_result_beside_it(learn_seeds, tmp_path: Path, monkeypatch) -> None:
+    path = _verdict(tmp_path, VERDICT.format(out=tmp_path / "runs"))
+    commands = []
+
+    real_run = subprocess.run
+
+    def fake_run(command, cwd=None, **kwargs):  # run.py: writes the summary of the folder it is told to use
+        if not str(command[1]).endswith("run.py"):
+            return real_run(command, cwd=cwd, **kwargs)  # git, asked for the commit the runs are made at
+        commands.append(command)
+        sets = dict(command[i + 1].split("=", 1) for i, a in enumerate(command) if a == "--set")
+        seed = int(sets["run.seed"])
+        if seed == 101:
+            return subprocess.CompletedProcess(command, 1)  # a seed that fails is reported, not hidden
+        (tmp_path / "runs").mkdir(exist_ok=True)
+        _run_folder(tmp_path / "runs", seed, (0.2, 0.2), (0.3, 0.3), name=json.loads(sets["run.name"]))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(learn_seeds.subprocess, "run", fake_run)
+    monkeypatch.setattr(learn_seeds, "declared_commit", lambda p: "c" * 40)
+    assert learn_seeds.run_verdict(path) == 0
+    assert all('eval.range="test"' in c and "eval.tasks=4" in c for c in commands)  # the file's overrides, the test range
+    result = json.loads(path.with_suffix(".result.json").read_text())
+    assert result["declared_commit"] == "c" * 40 and result["failed_seeds"] == {"101": 1}
+    assert result["per_seed"]["100"]["heldout_success_after"] == pytest.approx(0.3)
+    text = path.with_suffix(".result.md").read_text()
+    assert "* **Goal:** +10 on each seed" in text and "Failed seeds (exit code): 101 (1)." in text
+    assert learn_seeds.run_verdict(path) == 2  # a verdict runs once
+
+
+def test_a_verdict_not_committed_as_it_stands_is_refused(learn_seeds, tmp_path: Path, monkeypatch) -> None:
+    path = _verdict(tmp_path, VERDICT.format(out=tmp_path / "runs"))
+    monkeypatch.setattr(learn_seeds, "declared_commit", lambda p: None)
+    assert learn_seeds.run_verdict(path) == 2
+    assert not path.with_suffix(".result.md").exists()

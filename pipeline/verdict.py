@@ -1,0 +1,125 @@
+"""Declared verdicts: a figure measured on the `test` task range with new seeds, written down before it runs.
+
+A verdict is a committed TOML file, `configs/verdicts/<name>.toml`:
+
+    kind = "seeds"                      # one config on each seed (bench/learn_seeds.py), or "ab": arms x seeds (run.py ab)
+    config = "configs/learn.toml"       # a preset, or "default" (the embedded default)
+    set = ["eval.tasks=400"]            # overrides, as --set
+    seeds = [100, 101, 102, 103, 104]   # new seeds, >= 100: no tuning ever ran on them
+    range = "test"                      # the before / after measure's task range: a verdict reads test
+    figure = "..."                      # what is measured and how it is summarised
+    goal = "..."                        # what it must show, stated before it runs
+    replaces = "..."                    # the dev figure it replaces (docs quote both)
+    arms = ["async-grpo", "gate-stall"] # kind "ab" only, with budget and baseline
+    budget = "default"
+    baseline = "async-grpo"
+
+`python bench/learn_seeds.py --verdict configs/verdicts/<name>.toml` runs exactly that (nothing on its command
+line may change it), and writes `<name>.result.md` and `<name>.result.json` beside it, whatever the figure
+is. A verdict runs once: a file that already has a result, or that is not committed as it stands (so it
+was not declared before it ran), is refused unless told otherwise, and the result names the commit the file
+was declared in and the commit the runs were made at.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from .config import ConfigError
+
+FIRST_VERDICT_SEED = 100
+"""Seeds below this were used while tuning (0-2 above all); a verdict's seeds are new."""
+HARNESS_KEYS = ("run.seed", "run.name", "run.progress", "eval.range")
+"""What the verdict runner sets itself: a verdict's `set` may not (nor `run.out` in kind "ab": `run.py ab` sets it)."""
+
+
+class Verdict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    kind: Literal["seeds", "ab"]
+    seeds: list[int]
+    figure: str
+    goal: str
+    range: str = "test"
+    config: str = "default"
+    set: list[str] = []
+    replaces: str = ""
+    arms: list[str] = []
+    budget: str = ""
+    baseline: str = ""
+
+    def problems(self) -> list[str]:
+        problems = []
+        if self.range != "test":
+            problems.append(f"range = {self.range!r}: a verdict reads the test range (dev and valid are for tuning and stop rules)")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            problems.append("seeds: give at least one seed, each once")
+        if [s for s in self.seeds if s < FIRST_VERDICT_SEED]:
+            problems.append(f"seeds {[s for s in self.seeds if s < FIRST_VERDICT_SEED]}: a verdict's seeds are new ones, >= {FIRST_VERDICT_SEED}")
+        problems += [f"{key} is empty: state it before the verdict runs" for key in ("figure", "goal") if not getattr(self, key).strip()]
+        owned = HARNESS_KEYS + (("run.out",) if self.kind == "ab" else ())
+        problems += [f"set {item!r}: the verdict runner sets {item.split('=')[0].strip()} itself"
+                     for item in self.set if item.split("=")[0].strip() in owned]
+        if self.kind == "ab":
+            if len(self.arms) < 2:
+                problems.append("kind = 'ab' needs arms = [baseline, other, ...]")
+            if not self.budget:
+                problems.append("kind = 'ab' needs a budget (configs/budgets/<name>.toml, or 'none')")
+            if self.baseline and self.baseline not in self.arms:
+                problems.append(f"baseline {self.baseline!r} is not one of the arms")
+        elif self.arms or self.budget or self.baseline:
+            problems.append("arms, budget and baseline are for kind = 'ab'")
+        return problems
+
+    def overrides(self) -> list[str]:
+        """`set`, then the range: what every run of the verdict gets besides its seed and folder."""
+        return [*self.set, f'eval.range="{self.range}"']
+
+
+def load_verdict(path: Path) -> Verdict:
+    """Read and check a verdict file; every problem is listed in one ConfigError."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError([f"{path}: no such verdict file"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
+    try:
+        verdict = msgspec.convert(data, Verdict)
+    except msgspec.ValidationError as exc:
+        raise ConfigError([f"{path}: {exc}"]) from None
+    if problems := verdict.problems():
+        raise ConfigError([f"{path}: {p}" for p in problems])
+    return verdict
+
+
+def result_paths(path: Path) -> tuple[Path, Path]:
+    """Where a verdict's result goes: `<name>.result.md` and `<name>.result.json` beside the file."""
+    return path.with_suffix(".result.md"), path.with_suffix(".result.json")
+
+
+def _git(root: Path, *args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out or None
+
+
+def declared_commit(path: Path) -> str | None:
+    """The commit that last changed the verdict file, if the file is committed as it stands (else None)."""
+    root = path.resolve().parent
+    if _git(root, "status", "--porcelain", "--", str(path.resolve())) is not None:
+        return None  # modified or untracked: not declared as it is
+    return _git(root, "log", "-1", "--format=%H", "--", str(path.resolve()))
+
+
+def head_commit(root: Path) -> str | None:
+    """The commit the runs are made at, with "+dirty" when the working tree differs from it."""
+    head = _git(root, "rev-parse", "HEAD")
+    if head is None:
+        return None
+    return head + ("+dirty" if _git(root, "status", "--porcelain", "--untracked-files=no") else "")

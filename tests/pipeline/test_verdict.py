@@ -1,0 +1,51 @@
+"""Verdict files: every problem listed at once, the runner's own keys refused, a file counts as declared only
+when it is committed as it stands; the committed verdicts of issue 35 load."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import ConfigError
+from pipeline.verdict import declared_commit, load_verdict, result_paths
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_bad_verdict_lists_every_problem(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('kind = "ab"\nseeds = [2, 100, 100]\nrange = "dev"\nfigure = ""\ngoal = "x"\nset = ["run.seed=3", "eval.range=\\"dev\\""]\n')
+    with pytest.raises(ConfigError) as info:
+        load_verdict(path)
+    text = str(info.value)
+    for fragment in ("a verdict reads the test range", "each once", "new ones, >= 100", "figure is empty",
+                     "sets run.seed itself", "sets eval.range itself", "needs arms", "needs a budget"):
+        assert fragment in text, fragment
+
+
+def test_the_issue_35_verdicts_load_read_test_and_write_beside_themselves():
+    files = sorted((ROOT / "configs" / "verdicts").glob("*.toml"))
+    assert {f.stem for f in files} >= {"learn-preset", "default-run", "stall-gate"}
+    for path in files:
+        verdict = load_verdict(path)
+        assert verdict.range == "test" and len(verdict.seeds) == 5 and min(verdict.seeds) >= 100
+        assert 'eval.range="test"' in verdict.overrides()
+        assert result_paths(path) == (path.with_suffix(".result.md"), path.with_suffix(".result.json"))
+
+
+def test_a_verdict_is_declared_only_when_committed_as_it_stands(tmp_path):
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    path = tmp_path / "v.toml"
+    path.write_text("seeds = [100]\n")
+    assert declared_commit(path) is None  # untracked
+    git("add", "v.toml")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "declare")
+    commit = declared_commit(path)
+    assert commit is not None and len(commit) == 40
+    path.write_text("seeds = [101]\n")
+    assert declared_commit(path) is None  # changed after it was declared
