@@ -11,9 +11,9 @@ CPU affinity), `run_cpu_s`, `other_cpu_s`, `other_cpu_cores` (other_cpu_s / the 
 many cores other processes kept busy on average) and `machine_loaded`. A run is *loaded* when its mean load
 exceeded the cores available to it **and** other processes took at least a tenth of those cores: a run
 whose own threads alone outnumber the cores raises the load too, but that is the pipeline's own cost, the
-same in every repeat of it. (The A/B report does not read the flag yet: leaving a loaded run's wall clock
-out of its wall ratios is issue 35's item 5, not built.) Without /proc (not Linux) the CPU figures are None
-and the load alone decides.
+same in every repeat of it. The A/B report (pipeline/ab/_timing.py) leaves a loaded run's wall clock out of
+its wall means and ratios unless told to keep it. Without /proc (not Linux) the CPU figures are None and the
+load alone decides.
 """
 
 from __future__ import annotations
