@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     import trio
 
     from pipeline.config import ConfigError, dump_toml
-    from pipeline.job import load
+    from pipeline.run.job import load
 
     overrides = list(args.overrides) + ([f"run.out={_toml_str(args.out)}"] if args.out else [])
     try:
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 def _train(cfg, resume_dir: Path | None) -> int:  # noqa: ANN001
     import trio
 
-    from pipeline.job import RunFailed, RunInterrupted
+    from pipeline.run.job import RunFailed, RunInterrupted
 
     try:
         result = trio.run(_with_signals, cfg, resume_dir)
@@ -109,7 +109,7 @@ async def _with_signals(cfg, resume_dir: Path | None):  # noqa: ANN001, ANN202
 
     import trio
 
-    from pipeline.job import run_job
+    from pipeline.run.job import run_job
 
     stop = trio.Event()
 
@@ -134,8 +134,8 @@ async def _with_signals(cfg, resume_dir: Path | None):  # noqa: ANN001, ANN202
 def _resume(args: argparse.Namespace) -> int:
     """Continue the run in `args.run_dir`: its config.toml, plus --set overrides (checked against it)."""
     from pipeline.config import ConfigError
-    from pipeline.job import load
-    from pipeline.resume import config_changes
+    from pipeline.run.job import load
+    from pipeline.run.resume import config_changes
 
     if args.run_dir is None or args.config is not None:
         print("run.py resume: give the run folder, e.g. `python run.py resume runs/default` (no --config: "
@@ -168,7 +168,7 @@ def _resume(args: argparse.Namespace) -> int:
 async def _pretrain(cfg) -> None:  # noqa: ANN001
     import trio
 
-    from pipeline.job import _close_policies, build_policy, build_suite, evaluate_heldout, heldout_tasks
+    from pipeline.run.job import _close_policies, build_policy, build_suite, evaluate_heldout, heldout_tasks
     from pipeline.progress import Progress
     from pipeline.rundir import configure_logging
 
@@ -230,7 +230,7 @@ def _keys(argv: list[str]) -> int:
 
 def _ab(argv: list[str]) -> int:
     from pipeline.ab import main as ab_main
-    from pipeline.job import load
+    from pipeline.run.job import load
 
     root = Path(__file__).resolve().parent
     return ab_main(argv, load=load, command=[sys.executable, str(root / "run.py")], configs=root / "configs")

@@ -40,7 +40,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline import memory  # noqa: E402
-from pipeline.job import RunInterrupted, load, run_job  # noqa: E402
+from pipeline.run.job import RunInterrupted, load, run_job  # noqa: E402
 from pipeline.messages import GroupResult, WeightsPublished  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
 from pipeline.stage import StageContext  # noqa: E402

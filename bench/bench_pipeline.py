@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from gates.allocators import AllocatorContext, build_allocator  # noqa: E402
 from learner.losses import LOSSES  # noqa: E402
 from learner.trainer import Trainer  # noqa: E402
-from pipeline.grpo import run_grpo  # noqa: E402
-from pipeline.job import build_policy, build_suite, load  # noqa: E402
+from pipeline.run.grpo import run_grpo  # noqa: E402
+from pipeline.run.job import build_policy, build_suite, load  # noqa: E402
 from pipeline.profiling import Profiler  # noqa: E402
 from pipeline.rundir import MetricsWriter, configure_logging  # noqa: E402
 from stages.episode import EpisodeStep, play_episode  # noqa: E402

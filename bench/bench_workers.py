@@ -27,7 +27,7 @@ from pathlib import Path
 import trio
 from bench_pipeline import pipeline_run  # noqa: I001 (bench/ is on sys.path when run as a script)
 
-from pipeline.job import build_policy, build_suite, load
+from pipeline.run.job import build_policy, build_suite, load
 from pipeline.profiling import load_report
 from pipeline.rundir import configure_logging
 

@@ -7,7 +7,7 @@ reward variance, and, for checkpoints, the trainer's state at the update boundar
 counted: they must never get here; zero-variance groups are dropped by default; both are refused as they
 arrive, while an update runs, so the runtime's staleness pacing can start other groups at once), sent to `reports` — a
 bounded Trio channel that one runtime task consumes, or a socket when the learner runs in its own process
-(`pipeline.processes`). The learner never calls into the runtime.
+(`pipeline.run.processes`). The learner never calls into the runtime.
 
 Announcements: the runtime announces each training group it sends. In-process it calls `expect(group_id)`
 before sending; across processes (`announced_on_socket=True`) a `GroupExpected` frame precedes the group on

@@ -8,7 +8,7 @@ import trio
 import zmq
 
 from pipeline.curve import make_keys
-from pipeline.job import RunInterrupted, load, run_job
+from pipeline.run.job import RunInterrupted, load, run_job
 from pipeline.progress import Progress
 from tests.plugin_curve import SEEN
 from tests.plugin_faults import STOPS

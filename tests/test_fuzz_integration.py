@@ -9,7 +9,7 @@ import socket
 import pytest
 import trio
 
-from pipeline.job import RunInterrupted, load, run_job
+from pipeline.run.job import RunInterrupted, load, run_job
 from pipeline.progress import Progress
 from tests.plugin_faults import STOPS
 from tests.plugin_fuzz import RESULTS, WINDOW

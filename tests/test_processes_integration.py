@@ -17,14 +17,14 @@ from tests.test_run_integration import ROOT, _tiny
 
 
 def _stage_processes(pid: int) -> list[int]:
-    """Children of `pid` running a stage (`python -m pipeline.processes STAGE ...`)."""
+    """Children of `pid` running a stage (`python -m pipeline.run.processes STAGE ...`)."""
     out = []
     for child in _children(pid):
         try:
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"pipeline.processes" in cmdline:
+        if b"pipeline.run.processes" in cmdline:
             out.append(child)
     return out
 

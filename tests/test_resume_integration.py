@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from pipeline.job import RunInterrupted, load, run_job
+from pipeline.run.job import RunInterrupted, load, run_job
 from pipeline.progress import Progress
 from tests.plugin_faults import STOPS
 from tests.test_run_integration import ROOT, _tiny

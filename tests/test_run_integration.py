@@ -13,7 +13,7 @@ import pytest
 import structlog
 import trio
 
-from pipeline.job import RunInterrupted, build_suite, load, run_job
+from pipeline.run.job import RunInterrupted, build_suite, load, run_job
 from pipeline.progress import Progress
 from tests.plugin_faults import STOPS
 
@@ -198,7 +198,7 @@ async def test_periodic_heldout_evaluation_writes_a_learning_curve(tmp_path):
 
 @pytest.mark.slow
 async def test_custom_stages_see_every_event_and_a_failing_one_is_named(tmp_path):
-    from pipeline.job import RunFailed
+    from pipeline.run.job import RunFailed
     from tests.plugin_stages import Recorder
 
     Recorder.seen = []

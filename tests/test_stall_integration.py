@@ -24,7 +24,7 @@ import trio
 
 from gates import build_gate
 from gates.stall import StallGate
-from pipeline.job import RunInterrupted, load, run_job
+from pipeline.run.job import RunInterrupted, load, run_job
 from pipeline.progress import Progress
 from tests.plugin_faults import STOPS
 from tests.test_run_integration import TINY, _tiny

@@ -10,7 +10,7 @@ import sys
 import pytest
 import trio
 
-from pipeline.job import RunInterrupted, load, run_job
+from pipeline.run.job import RunInterrupted, load, run_job
 from pipeline.progress import Progress
 from tests import plugin_trackers as read
 from tests.plugin_faults import STOPS

@@ -1,7 +1,7 @@
 """Wall-clock figures a study can trust: time to a held-out target, and runs on a loaded machine.
 
 Time to target is the GRPO wall second at which the weights of the first periodic held-out measure at or
-above the target were *published* (metrics.jsonl stamps each `heldout/...` row so: `pipeline/heldout.py`),
+above the target were *published* (metrics.jsonl stamps each `heldout/...` row so: `pipeline/run/heldout.py`),
 read from the periodic measures only — the ones the stop rule watches (`eval.curve_range`, valid by default),
 never the before / after measure of another task range. A run that never reached the target is *censored*
 at its budget: its time counts as the GRPO wall clock it ran (a lower bound on its true time), it is counted

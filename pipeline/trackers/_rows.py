@@ -27,7 +27,7 @@ def scalars(values: Mapping[str, Any]) -> dict[str, float]:
 def tracker_row(row: Mapping[str, Any]) -> tuple[int, dict[str, float]]:
     """(step, scalars) of one metrics.jsonl row, the step left out of the scalars.
 
-    A held-out row (`pipeline.heldout`) also carries the measure's own `wall_s`, `env_steps` and `eval_s`;
+    A held-out row (`pipeline.run.heldout`) also carries the measure's own `wall_s`, `env_steps` and `eval_s`;
     they go under `heldout/` so they never overwrite the update row of the same step (`wall_s` at step 10
     is the update's, `heldout/wall_s` the measure's, which ended later).
     """

@@ -9,7 +9,7 @@ import torch
 
 from learner.losses import clipped_ratio_loss
 from learner.trainer import Trainer
-from pipeline.job import build_policy, build_suite, load
+from pipeline.run.job import build_policy, build_suite, load
 
 from . import ROOT, bench_module
 

@@ -369,4 +369,4 @@ def cache_key(
     return h.hexdigest()
 
 
-build_policy.check_options = check_options  # type: ignore[attr-defined]  # found by pipeline.job.build_checks
+build_policy.check_options = check_options  # type: ignore[attr-defined]  # found by pipeline.run.job.build_checks

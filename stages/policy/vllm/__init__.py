@@ -139,7 +139,7 @@ def build_policy(cfg: PolicySection, pretrain: PretrainSection, suite: EnvSuite,
     return start_engine(cfg, opts, seed=seed)
 
 
-build_policy.check = check  # type: ignore[attr-defined]  # read by pipeline.job.name_checks
+build_policy.check = check  # type: ignore[attr-defined]  # read by pipeline.run.job.name_checks
 
 
 def _make_model_parser() -> Any:
@@ -183,7 +183,7 @@ def make_model_main(argv: list[str]) -> int:
         parser.exit(2, f"run.py make-model: needs transformers and tokenizers; {INSTALL_HINT}\n")
     import torch
 
-    from pipeline.job import build_suite
+    from stages.envs import build_suite
 
     from ._make_model import BcSettings, ModelShape, make_model
 
@@ -204,14 +204,14 @@ def make_model_main(argv: list[str]) -> int:
             parser.exit(2, f"run.py make-model: --from {args.source!r} is not a model directory (no config.json)\n")
         lora = LoraSettings(args.lora_rank, opts.lora_alpha, tuple(opts.lora_target_modules)) if args.lora_rank > 0 else None
         report = finetune_model(
-            Path(args.source), Path(args.out), build_suite(cfg), bc=bc, prompt_options=opts, lora=lora,
+            Path(args.source), Path(args.out), build_suite(cfg.env.name, cfg.env.options, max_steps=cfg.env.max_steps), bc=bc, prompt_options=opts, lora=lora,
             max_updates=args.max_updates, seed=cfg.run.seed,
         )
         print(json.dumps(report))
         return 0
     report = make_model(
         Path(args.out),
-        build_suite(cfg),
+        build_suite(cfg.env.name, cfg.env.options, max_steps=cfg.env.max_steps),
         shape=ModelShape(layers=args.layers, hidden=args.hidden, heads=args.heads, max_len=opts.max_model_len),
         bc=bc,
         prompt_options=opts,

@@ -101,7 +101,7 @@ def test_step_values_hold_the_last_measurement():
 
 
 def test_time_to_target_is_the_publish_stamp_and_an_unreached_seed_is_censored_at_its_budget():
-    # Rows are stamped when their weights were published (pipeline/heldout.py): seed 0 of `x` got there at 10 s.
+    # Rows are stamped when their weights were published (pipeline/run/heldout.py): seed 0 of `x` got there at 10 s.
     # Seed 1 of `x` never did in its 300 s: it counts at 300 s, is counted as censored, and the ratio holds it.
     base = [_record("base", s, _summary(100.0, stop_reason="target_heldout"), [{"wall_s": 40.0, "heldout/mean": 0.6}]) for s in (0, 1)]
     x = [_record("x", 0, _summary(50.0, stop_reason="target_heldout"), [{"wall_s": 10.0, "heldout/mean": 0.6}]),

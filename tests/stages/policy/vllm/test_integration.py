@@ -18,7 +18,7 @@ import trio
 pytest.importorskip("vllm", reason="vLLM is not installed here (CI runs these tests in .venv-vllm; docs/vllm.md)")
 
 from pipeline.config import load_config  # noqa: E402
-from pipeline.job import build_suite, load, run_job  # noqa: E402
+from pipeline.run.job import build_suite, load, run_job  # noqa: E402
 from pipeline.profiling import load_report  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
 from stages.policy.vllm import VllmOptions, build_policy  # noqa: E402

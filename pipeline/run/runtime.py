@@ -8,10 +8,10 @@ from typing import Any
 
 import trio
 
-from .counters import PhaseCounters
-from .messages import AnyMessage
-from .stage import Stage, StageContext, StageFailed
-from .transport import Context
+from pipeline.counters import PhaseCounters
+from pipeline.messages import AnyMessage
+from pipeline.stage import Stage, StageContext, StageFailed
+from pipeline.transport import Context
 
 
 async def publish_events(

@@ -19,8 +19,8 @@ from typing import Any
 
 import trio
 
-from .progress import Progress
-from .rundir import MetricsWriter
+from pipeline.progress import Progress
+from pipeline.rundir import MetricsWriter
 
 Evaluate = Callable[[int, Mapping[str, Any]], Awaitable[dict[str, float]]]
 

@@ -32,7 +32,7 @@ import msgspec
 import torch
 import trio
 
-from .config import RunConfig
+from pipeline.config import RunConfig
 
 FORMAT = 1
 STATE_FILE = "state.pt"

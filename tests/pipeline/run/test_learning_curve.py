@@ -1,4 +1,4 @@
-from pipeline.curves import curve_points, write_learning_curve
+from pipeline.run.learning_curve import curve_points, write_learning_curve
 
 
 def test_points_start_at_the_warm_start_and_follow_the_periodic_rows():

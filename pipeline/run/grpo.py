@@ -11,7 +11,7 @@ Wiring (addresses from `[transport]`; each socket has one owner, named first):
           lifecycle (staleness budget, allocator.on_update), metrics row, checkpoint, progress, held-out
 
 This module is the composition root of the phase: it imports the built-in stages; the mechanism modules
-of `pipeline/` do not. `pipeline.processes` starts the gate and learner stages in processes of their own
+of `pipeline/` do not. `pipeline.run.processes` starts the gate and learner stages in processes of their own
 (`transport.mode = "processes"`), running the same stage code.
 """
 
@@ -32,15 +32,15 @@ from stages.policy.base import Policy
 from stages.rollout import GateIdentity, RolloutStage
 
 from . import processes, resume
-from .allocation import SlotPool, StalenessPacer
-from .config import RunConfig
-from .counters import PhaseCounters
+from pipeline.allocation import SlotPool, StalenessPacer
+from pipeline.config import RunConfig
+from pipeline.counters import PhaseCounters
 from .heldout import Evaluate, PeriodicHeldout
-from .lifecycle import GroupLifecycle
-from .messages import AnyMessage, GroupResult, PhaseFinished
-from .profiling import Profiler
-from .progress import Progress
-from .rundir import MetricsWriter
+from pipeline.lifecycle import GroupLifecycle
+from pipeline.messages import AnyMessage, GroupResult, PhaseFinished
+from pipeline.profiling import Profiler
+from pipeline.progress import Progress
+from pipeline.rundir import MetricsWriter
 from .runtime import (
     host_nursery,
     monitor_loop_lag,
@@ -49,8 +49,8 @@ from .runtime import (
     send_all,
     set_on,
 )
-from .stage import Stage, StageContext
-from .transport import new_secret, open_context
+from pipeline.stage import Stage, StageContext
+from pipeline.transport import new_secret, open_context
 from .updates import Phase, UpdateRecorder, live_status
 
 log = structlog.get_logger(__name__)

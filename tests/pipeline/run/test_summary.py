@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 from gates import build_gate
 from pipeline.config import load_config
-from pipeline.job_summary import (
+from pipeline.run.summary import (
     family_table,
     fmt_eval,
     gate_label,

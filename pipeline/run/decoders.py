@@ -1,7 +1,7 @@
 """Decoding in worker processes: `policy.workers` copies of the policy, each its own server over ZeroMQ.
 
 The GIL lets one process decode on one core at a time; a pool of worker processes uses every core. Each
-worker (`python -m stages.policy.worker`) builds the same backend from the run's resolved config, gets the
+worker (`python -m pipeline.run.decoder`) builds the same backend from the run's resolved config, gets the
 main process's current weights first, and serves `ActRequest`s from its own PULL socket; all workers push
 `ActReply`s to one PULL socket here. The pool is itself a `Policy`, so the rollout stage, evaluation and
 the learner do not know whether decoding is local or not:
@@ -223,7 +223,7 @@ class WorkerPoolPolicy:
 
     async def _run_worker(self, worker: int, config: Path, folder: str) -> None:
         command = [
-            sys.executable, "-m", "stages.policy.worker", "--config", str(config), "--index", str(worker),
+            sys.executable, "-m", "pipeline.run.decoder", "--config", str(config), "--index", str(worker),
             "--inbox", f"ipc://{folder}/in-{worker}", "--outbox", f"ipc://{folder}/out",
         ]
         env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}

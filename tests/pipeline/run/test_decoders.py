@@ -10,10 +10,10 @@ import pytest
 import torch
 import trio
 
-from pipeline.job import build_policy, build_suite, load
+from pipeline.run.job import build_policy, build_suite, load
 from pipeline.profiling import Profiler
 from stages.policy.base import AgentContext
-from stages.policy.workers import PolicyWorkerDied, WorkerPoolPolicy
+from pipeline.run.decoders import PolicyWorkerDied, WorkerPoolPolicy
 
 OVERRIDES = [
     "env.max_steps=8",
@@ -166,5 +166,5 @@ def _worker_pids():
                     cmdline = f.read()
             except OSError:
                 continue
-            if int(fields[1]) == me and b"stages.policy.worker" in cmdline:
+            if int(fields[1]) == me and b"pipeline.run.decoder" in cmdline:
                 yield int(entry)

@@ -1,6 +1,6 @@
 """The run's summary (summary.json / summary.md figures) and the held-out report helpers of the job.
 
-Part of the job's composition root (`pipeline/job.py`): it reads the GRPO phase's outcome and the
+Part of the job's composition root (`pipeline/run/job.py`): it reads the GRPO phase's outcome and the
 evaluation reports and turns them into the flat record that `write_summary` and the A/B tables read.
 """
 
@@ -12,9 +12,9 @@ from typing import Any
 from gates import build_gate
 from stages.evaluate import EpisodeOutcome, EvalReport, summarize
 
-from .config import RunConfig
+from pipeline.config import RunConfig
 from .grpo import GrpoOutcome
-from .memory import peak_rss_mb
+from pipeline.memory import peak_rss_mb
 
 
 def fmt_eval(reports: dict[str, EvalReport]) -> str:

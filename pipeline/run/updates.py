@@ -17,15 +17,15 @@ from typing import Any, Protocol
 import trio
 
 from . import resume
-from .allocation import SlotPool, StalenessPacer
-from .config import RunConfig
-from .counters import GroupsConsumed, LearnerReport, PhaseCounters
+from pipeline.allocation import SlotPool, StalenessPacer
+from pipeline.config import RunConfig
+from pipeline.counters import GroupsConsumed, LearnerReport, PhaseCounters
 from .heldout import PeriodicHeldout
-from .lifecycle import GroupLifecycle
-from .messages import AnyMessage, WeightsPublished
-from .profiling import Profiler
-from .progress import Progress
-from .rundir import MetricsWriter
+from pipeline.lifecycle import GroupLifecycle
+from pipeline.messages import AnyMessage, WeightsPublished
+from pipeline.profiling import Profiler
+from pipeline.progress import Progress
+from pipeline.rundir import MetricsWriter
 
 
 class GateView(Protocol):
@@ -136,7 +136,7 @@ def metrics_row(report: LearnerReport, phase: Phase) -> dict[str, Any]:
 
 
 def checkpoint_state(report: LearnerReport, phase: Phase) -> dict[str, Any]:
-    """Everything `pipeline.resume` saves, at this update boundary (the trainer's state came with the report)."""
+    """Everything `pipeline.run.resume` saves, at this update boundary (the trainer's state came with the report)."""
     sampling_state = getattr(phase.policy, "sampling_state", None)  # optional on a backend
     grpo = resume.capture_counters(
         counters=phase.counters, admission=phase.lifecycle.admission, rollout=phase.rollout, version=report.version,

@@ -2,7 +2,7 @@
 
 import trio
 
-from pipeline.heldout import PeriodicHeldout
+from pipeline.run.heldout import PeriodicHeldout
 
 
 class _Metrics:

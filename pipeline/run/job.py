@@ -30,14 +30,14 @@ from stages import envs
 from stages.envs import EnvSuite, Task
 from stages.evaluate import EvalReport, evaluate_splits
 from stages.policy import POLICIES, Policy
-from stages.policy.workers import WorkerPoolPolicy
+from pipeline.run.decoders import WorkerPoolPolicy
 
 from . import resume
-from .config import RunConfig, dump_toml, load_config
-from .curves import curve_points, write_learning_curve
+from pipeline.config import RunConfig, dump_toml, load_config
+from .learning_curve import curve_points, write_learning_curve
 from .failure import failure_message, save_on_failure
 from .grpo import GrpoOutcome, run_grpo
-from .job_summary import (
+from .summary import (
     family_table,
     fmt_eval,
     group_kinds_table,
@@ -46,15 +46,15 @@ from .job_summary import (
     reports_to_json,
     summary,
 )
-from .machine_load import watching
-from .memory import tune_malloc
-from .plugins import option_problems
-from .profiling import Profiler
-from .progress import Progress
-from .rundir import MetricsWriter, configure_logging, create_run_dir, write_summary
-from .stage import STAGES, build_stage
-from .task_ranges import heldout_ranges
-from .trackers import Trackers, finish_run, open_run_trackers, tracker_problems
+from pipeline.machine_load import watching
+from pipeline.memory import tune_malloc
+from pipeline.plugins import option_problems
+from pipeline.profiling import Profiler
+from pipeline.progress import Progress
+from pipeline.rundir import MetricsWriter, configure_logging, create_run_dir, write_summary
+from pipeline.stage import STAGES, build_stage
+from pipeline.task_ranges import heldout_ranges
+from pipeline.trackers import Trackers, finish_run, open_run_trackers, tracker_problems
 
 log = structlog.get_logger(__name__)
 

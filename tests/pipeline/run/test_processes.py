@@ -8,7 +8,7 @@ import msgspec
 import pytest
 import torch
 
-from pipeline import processes
+from pipeline.run import processes
 from pipeline.config import ConfigError, RunConfig, load_config
 from pipeline.counters import LearnerReport
 from pipeline.messages import LearnerUpdated, ReportStream

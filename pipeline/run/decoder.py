@@ -1,4 +1,4 @@
-"""A decoding worker process: `python -m stages.policy.worker --config RUN.toml --index I --inbox A --outbox B`.
+"""A decoding worker process: `python -m pipeline.run.decoder --config RUN.toml --index I --inbox A --outbox B`.
 
 Builds the configured policy backend (its weights arrive first as `LoadWeights` from the pool, so no warm
 start runs here), serves `ActRequest`s from its inbox (PULL, connected) as concurrent `act()` calls that the
@@ -28,7 +28,7 @@ from pipeline.transport import open_context
 from stages.envs import build_suite
 from stages.policy import POLICIES
 from stages.policy.base import AgentContext, Policy
-from stages.policy.workers import deserialise_weights
+from pipeline.run.decoders import deserialise_weights
 
 
 async def _answer(policy: Policy, request: ActRequest, index: int, scope: trio.CancelScope,

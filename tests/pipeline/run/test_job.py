@@ -1,9 +1,9 @@
-"""pipeline/job.py pieces that need no real policy."""
+"""pipeline/run/job.py pieces that need no real policy."""
 
 import pytest
 import trio
 
-import pipeline.job as job
+import pipeline.run.job as job
 from pipeline.config import ConfigError, RunConfig, load_config
 from stages.evaluate import EvalReport
 

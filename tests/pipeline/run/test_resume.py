@@ -6,7 +6,7 @@ import json
 import pytest
 
 from pipeline.config import load_config
-from pipeline.resume import (
+from pipeline.run.resume import (
     Checkpointer,
     atomic_write,
     atomic_write_text,

@@ -11,7 +11,7 @@ import traceback
 from pathlib import Path
 
 from . import resume
-from .stage import StageFailed
+from pipeline.stage import StageFailed
 
 
 def save_on_failure(checkpointer: resume.Checkpointer) -> str:

@@ -52,10 +52,10 @@ from stages.envs import build_suite
 from stages.gate_stage import GateStage
 from stages.policy import POLICIES
 
-from . import tensors
-from .config import RunConfig, TransportSection
-from .counters import GroupsConsumed, LearnerReport
-from .messages import (
+from pipeline import tensors
+from pipeline.config import RunConfig, TransportSection
+from pipeline.counters import GroupsConsumed, LearnerReport
+from pipeline.messages import (
     FramesDropped,
     GateReport,
     GroupExpected,
@@ -65,12 +65,12 @@ from .messages import (
     ReportStream,
     StageReady,
 )
-from .profiling import Profiler
+from pipeline.profiling import Profiler
 from .runtime import AnnouncedSender
-from .stage import StageContext, StageFailed
-from .transport import Context, open_context
+from pipeline.stage import StageContext, StageFailed
+from pipeline.transport import Context, open_context
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REPORT_EVERY_S = 0.5
 FINAL_REPORT_WAIT_S = 5.0
 """How long the parent reads for the gate's final report once the phase ended: `trio.run_process` kills a
@@ -272,7 +272,7 @@ class _SocketAnnouncer:
 
 
 async def _supervise(name: str, args: tuple[Any, ...], ready: trio.Event, ended: trio.Event, *, task_status: Any) -> None:
-    """Run stage `name` in a child process (`python -m pipeline.processes`); started once it reported ready.
+    """Run stage `name` in a child process (`python -m pipeline.run.processes`); started once it reported ready.
 
     Cancelled (the phase ended, Ctrl-C, a failure elsewhere), `trio.run_process` terminates the child
     (SIGTERM, SIGKILL after 5 s) and waits for it; a child that exits on its own sets `ended` (no report
@@ -280,7 +280,7 @@ async def _supervise(name: str, args: tuple[Any, ...], ready: trio.Event, ended:
     with tempfile.TemporaryDirectory(prefix=f"rollcut-{name}-") as folder:  # 0700: the arguments stay private
         path = Path(folder) / "args.pkl"
         _write_private(path, pickle.dumps((sys.path, pickle.dumps(args))))  # the child imports what this process can
-        command = [sys.executable, "-m", "pipeline.processes", name, str(path)]
+        command = [sys.executable, "-m", "pipeline.run.processes", name, str(path)]
         env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_run_child, name, command, env, ended)
@@ -416,8 +416,8 @@ _SERVE = {"learner": _serve_learner, "gate": _serve_gate}
 
 
 def main() -> None:
-    """`python -m pipeline.processes STAGE ARGS_FILE`: started by `_supervise`, not by hand."""
-    from .rundir import configure_logging
+    """`python -m pipeline.run.processes STAGE ARGS_FILE`: started by `_supervise`, not by hand."""
+    from pipeline.rundir import configure_logging
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
     stage, path = sys.argv[1], Path(sys.argv[2])
