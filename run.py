@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     import trio
 
     from pipeline.config import ConfigError, dump_toml
-    from pipeline.run.job import load
+    from pipeline.run.checks import load
 
     overrides = list(args.overrides) + ([f"run.out={_toml_str(args.out)}"] if args.out else [])
     try:
@@ -134,7 +134,7 @@ async def _with_signals(cfg, resume_dir: Path | None):  # noqa: ANN001, ANN202
 def _resume(args: argparse.Namespace) -> int:
     """Continue the run in `args.run_dir`: its config.toml, plus --set overrides (checked against it)."""
     from pipeline.config import ConfigError
-    from pipeline.run.job import load
+    from pipeline.run.checks import load
     from pipeline.run.resume import config_changes
 
     if args.run_dir is None or args.config is not None:
@@ -168,8 +168,9 @@ def _resume(args: argparse.Namespace) -> int:
 async def _pretrain(cfg) -> None:  # noqa: ANN001
     import trio
 
-    from pipeline.run.job import _close_policies, build_policy, build_suite, evaluate_heldout, heldout_tasks
     from pipeline.progress import Progress
+    from pipeline.run.build import build_policy, build_suite
+    from pipeline.run.job import _close_policies, evaluate_heldout, heldout_tasks
     from pipeline.rundir import configure_logging
 
     configure_logging(None)
@@ -230,7 +231,7 @@ def _keys(argv: list[str]) -> int:
 
 def _ab(argv: list[str]) -> int:
     from pipeline.ab import main as ab_main
-    from pipeline.run.job import load
+    from pipeline.run.checks import load
 
     root = Path(__file__).resolve().parent
     return ab_main(argv, load=load, command=[sys.executable, str(root / "run.py")], configs=root / "configs")

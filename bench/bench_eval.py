@@ -28,8 +28,9 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.run.job import build_policy, build_suite, load  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
+from pipeline.run.build import build_policy, build_suite  # noqa: E402
+from pipeline.run.checks import load  # noqa: E402
 from pipeline.task_ranges import RANGES, task_range  # noqa: E402
 from stages.evaluate import evaluate, evaluate_splits  # noqa: E402
 

@@ -40,9 +40,10 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline import memory  # noqa: E402
-from pipeline.run.job import RunInterrupted, load, run_job  # noqa: E402
 from pipeline.messages import GroupResult, WeightsPublished  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
+from pipeline.run.checks import load  # noqa: E402
+from pipeline.run.job import RunInterrupted, run_job  # noqa: E402
 from pipeline.stage import StageContext  # noqa: E402
 
 MODES = {

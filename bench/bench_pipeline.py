@@ -31,9 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from gates.allocators import AllocatorContext, build_allocator  # noqa: E402
 from learner.losses import LOSSES  # noqa: E402
 from learner.trainer import Trainer  # noqa: E402
-from pipeline.run.grpo import run_grpo  # noqa: E402
-from pipeline.run.job import build_policy, build_suite, load  # noqa: E402
 from pipeline.profiling import Profiler  # noqa: E402
+from pipeline.run.build import build_policy, build_suite  # noqa: E402
+from pipeline.run.checks import load  # noqa: E402
+from pipeline.run.grpo import run_grpo  # noqa: E402
 from pipeline.rundir import MetricsWriter, configure_logging  # noqa: E402
 from stages.episode import EpisodeStep, play_episode  # noqa: E402
 
@@ -125,8 +126,8 @@ def main() -> None:
     print(f"pipeline env-steps/s ÷ bare loop: {ratio:.3f}   goal >= 0.90: {'met' if ratio >= 0.90 else 'MISSED'}"
           f"   (bare {statistics.mean(bare):.1f}, pipeline {statistics.mean(piped):.1f} steps/s, {args.rounds} rounds x {args.seconds:.0f} s)")
     print(f"slot occupancy with the gate cutting: {outcome.slot_occupancy:.3f}   goal >= 0.95: "
-          f"{'met' if outcome.slot_occupancy >= 0.95 else 'MISSED'}   ({outcome.tally.groups_cut} of "
-          f"{outcome.tally.groups_finished} groups cut, {outcome.admission.backfills} backfills, "
+          f"{'met' if outcome.slot_occupancy >= 0.95 else 'MISSED'}   ({outcome.counters.groups_cut} of "
+          f"{outcome.counters.groups_finished} groups cut, {outcome.lifecycle.backfills} backfills, "
           f"{outcome.updates} learner updates in {wall:.0f} s)")
 
 

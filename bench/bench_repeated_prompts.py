@@ -35,8 +35,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from learner.items import TrainItem, shuffled_by_prompt  # noqa: E402
-from pipeline.run.job import build_policy, build_suite, load  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
+from pipeline.run.build import build_policy, build_suite  # noqa: E402
+from pipeline.run.checks import load  # noqa: E402
 from stages.lockstep import play_lockstep  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
 from stages.policy.torch_tiny._commands import command_scores, distinct_rows, every_row_scores  # noqa: E402

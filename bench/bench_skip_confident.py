@@ -31,9 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from learner.losses import LOSSES  # noqa: E402
 from learner.trainer import Trainer  # noqa: E402
-from pipeline.run.job import build_policy, build_suite, load  # noqa: E402
 from pipeline.messages import GroupResult, Trajectory, TrajectoryStatus, Turn  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
+from pipeline.run.build import build_policy, build_suite  # noqa: E402
+from pipeline.run.checks import load  # noqa: E402
 from stages.lockstep import play_lockstep  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
 from stages.policy.torch_tiny._pretrain import _decode  # noqa: E402

@@ -35,7 +35,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.config import load_config  # noqa: E402
-from pipeline.run.job import build_suite  # noqa: E402
+from pipeline.run.build import build_suite  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
 from stages.policy.vllm import VllmOptions, build_policy  # noqa: E402
 from stages.policy.vllm._make_model import UNTRAINED, ModelShape, make_model  # noqa: E402

@@ -26,8 +26,9 @@ from structlog.testing import capture_logs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.run.job import build_policy, build_suite, load  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
+from pipeline.run.build import build_policy, build_suite  # noqa: E402
+from pipeline.run.checks import load  # noqa: E402
 from stages.policy.torch_tiny._build import bc_report, decode_options  # noqa: E402
 
 

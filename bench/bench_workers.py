@@ -27,8 +27,9 @@ from pathlib import Path
 import trio
 from bench_pipeline import pipeline_run  # noqa: I001 (bench/ is on sys.path when run as a script)
 
-from pipeline.run.job import build_policy, build_suite, load
 from pipeline.profiling import load_report
+from pipeline.run.build import build_policy, build_suite
+from pipeline.run.checks import load
 from pipeline.rundir import configure_logging
 
 

@@ -44,9 +44,10 @@ from gates.calibration import (  # noqa: E402
     replay_cut,
 )
 from gates.combined import combine  # noqa: E402
-from pipeline.run.job import build_policy, build_suite, load  # noqa: E402
 from pipeline.messages import GroupResult, RolloutFailed, StepEvent, TrajectoryStatus  # noqa: E402
 from pipeline.profiling import Profiler  # noqa: E402
+from pipeline.run.build import build_policy, build_suite  # noqa: E402
+from pipeline.run.checks import load  # noqa: E402
 from pipeline.rundir import configure_logging  # noqa: E402
 from stages.rollout import RolloutStage  # noqa: E402
 

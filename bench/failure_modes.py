@@ -37,8 +37,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.run.job import build_policy, build_suite, load  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
+from pipeline.run.build import build_policy, build_suite  # noqa: E402
+from pipeline.run.checks import load  # noqa: E402
 from pipeline.task_ranges import RANGES, task_range  # noqa: E402
 from stages.envs.household.engine import REQUIRED_STATE  # noqa: E402
 from stages.envs.household.expert import search_order  # noqa: E402

@@ -187,11 +187,10 @@ class RolloutSection(_Section):
         )
 
 
-class GateSection(_Section):
-    enabled: bool = True
-    name: str = "stall"
-    """The stall gate by default: in the A/B table (docs/gate.md; dev, 3 seeds, at 414ca0f) it saved 22 % of env
-    steps at no held-out loss where the prefix gate saved none; `prefix_edit_distance` is the Selective Rollout gate."""
+class GateChoice(_Section):
+    """A gate and its options, with the shorthands k / tau / checkpoints: declared once, for `[gate]` and
+    for a gate stage in `[[stages]]` (`stages.gate_plugin`)."""
+
     k: int | None = None
     """Shorthand for `options.k`, the gate's checkpoint K (None: the gate's own default, calibrated on this
     workload in docs/gate.md: stall K=8 then 12, 16, 20, tau 0.9; prefix K=12, tau 0.5)."""
@@ -217,6 +216,13 @@ class GateSection(_Section):
     def gate_options(self) -> dict[str, Any]:
         """`options` with k / tau / checkpoints folded in where set: what the gate's `Options` decodes."""
         return gate_options(self.options, k=self.k, tau=self.tau, checkpoints=self.checkpoints)
+
+
+class GateSection(GateChoice):
+    enabled: bool = True
+    name: str = "stall"
+    """The stall gate by default: in the A/B table (docs/gate.md; dev, 3 seeds, at 414ca0f) it saved 22 % of env
+    steps at no held-out loss where the prefix gate saved none; `prefix_edit_distance` is the Selective Rollout gate."""
 
 
 def gate_options(

@@ -175,11 +175,15 @@ class PhaseFinished(_Message):
 
 
 class StageReady(_Message):
-    """A stage in another process is up (its sockets are open); `gate`/`shadow`: whose cuts it sends."""
+    """A child of the run is up (its sockets are open; `pipeline/run/launch.py`'s handshake): the gate or
+    learner stage on the reports socket, a decoding worker on its pool's outbox."""
 
     stage: str
     gate: str = ""
     shadow: bool = False
+    """The gate stage: whose cuts it sends."""
+    worker: int = 0
+    """A decoding worker: its index in the pool."""
 
 
 class LearnerUpdated(_Message):
@@ -269,12 +273,6 @@ class ActReply(_Message):
     nucleus: list[int] = []
 
 
-class WorkerReady(_Message):
-    """A decoding worker built its policy and serves requests."""
-
-    worker: int
-
-
 StepStream = GroupOpened | StepEvent | RolloutFailed | GroupClosed
 ControlStream = CancelGroup
 ResultStream = GroupResult
@@ -282,7 +280,7 @@ LearnerInbox = GroupResult | GroupExpected
 ReportStream = StageReady | LearnerUpdated | LearnerDropped | GateReport | FramesDropped
 LearnerStream = WeightsPublished | Metrics
 WorkerInbox = ActRequest | AbandonRequest | LoadWeights
-WorkerOutbox = ActReply | WorkerReady
+WorkerOutbox = ActReply | StageReady
 AnyMessage = (
     GroupOpened | StepEvent | RolloutFailed | GroupClosed | CancelGroup | GroupResult | WeightsPublished | Metrics | PhaseFinished
 )
@@ -319,5 +317,4 @@ __all__ = [
     "WeightsPublished",
     "WorkerInbox",
     "WorkerOutbox",
-    "WorkerReady",
 ]

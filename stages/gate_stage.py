@@ -16,18 +16,20 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 import trio
 
-from gates import ShadowLedger, build_gate, gate_options
+from gates import ShadowLedger
+from gates.base import Gate
 from pipeline.messages import CancelGroup, GroupClosed, GroupOpened, RolloutFailed, StepEvent, StepStream
 from pipeline.outcomes import FIRST_STAGE_KINDS, MergedOutcomes, is_gated
 from pipeline.stage import StageContext
 
+from .rollout import GateIdentity
 from .step_validation import StepValidator
 
 
@@ -75,18 +77,10 @@ class GateStatistics(Mapping[str, float | None]):
 class GateStage:
     name = "gate"
 
-    def __init__(
-        self,
-        *,
-        gate: str = "prefix_edit_distance",
-        k: int | None = None,
-        tau: float | None = None,
-        checkpoints: Sequence[int] | None = None,
-        shadow: bool = False,
-        options: Mapping[str, Any] | None = None,
-    ) -> None:
-        # k / tau / checkpoints override the gate's own options; None leaves the gate's one default
-        self.gate = build_gate(gate, gate_options(options or {}, k=k, tau=tau, checkpoints=checkpoints))
+    def __init__(self, gate: Gate, *, shadow: bool = False) -> None:
+        """`gate`: a built gate (`gates.build_gate`; the run builds it in `pipeline/run/build.py`); `shadow`:
+        send decisions flagged shadow (nothing is cancelled) and score them."""
+        self.gate = gate
         self.shadow = shadow
         self.ledger = ShadowLedger()
         self._would_cut: set[int] = set()
@@ -102,6 +96,10 @@ class GateStage:
         self._gated_closed = 0
         self._kinds: dict[int, str] = {}
         self.validator = StepValidator()
+
+    def identity(self) -> GateIdentity:
+        """Whose cut decisions the rollout stage accepts: this gate's."""
+        return GateIdentity(self.gate.name, self.shadow)
 
     def statistics(self) -> GateStatistics:
         per_decision = self.decision_seconds / self.decisions * 1e6 if self.decisions else None

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import RunConfig
-from pipeline.run.job import load
+from pipeline.run.checks import load
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))
 

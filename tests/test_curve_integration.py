@@ -8,8 +8,9 @@ import trio
 import zmq
 
 from pipeline.curve import make_keys
-from pipeline.run.job import RunInterrupted, load, run_job
 from pipeline.progress import Progress
+from pipeline.run.checks import load
+from pipeline.run.job import RunInterrupted, run_job
 from tests.plugin_curve import SEEN
 from tests.plugin_faults import STOPS
 from tests.test_fuzz_integration import _free_port

@@ -7,8 +7,9 @@ import json
 import pytest
 import trio
 
-from pipeline.run.job import RunFailed, RunInterrupted, load, run_job
 from pipeline.progress import Progress
+from pipeline.run.checks import load
+from pipeline.run.job import RunFailed, RunInterrupted, run_job
 from pipeline.run.resume import load_state
 from tests import plugin_faults
 from tests.test_run_integration import _tiny

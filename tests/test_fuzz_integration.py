@@ -9,8 +9,9 @@ import socket
 import pytest
 import trio
 
-from pipeline.run.job import RunInterrupted, load, run_job
 from pipeline.progress import Progress
+from pipeline.run.checks import load
+from pipeline.run.job import RunInterrupted, run_job
 from tests.plugin_faults import STOPS
 from tests.plugin_fuzz import RESULTS, WINDOW
 from tests.test_run_integration import _tiny

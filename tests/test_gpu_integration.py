@@ -4,8 +4,9 @@ the learner's updates with CUDA events, and what it saves is on the CPU (a CPU m
 import pytest
 import torch
 
-from pipeline.run.job import load, run_job
 from pipeline.profiling import RULE_CUDA, load_report
+from pipeline.run.checks import load
+from pipeline.run.job import run_job
 from tests.cuda import needs_cuda
 from tests.test_run_integration import _tiny
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 
 import run
-from pipeline.run.job import load
+from pipeline.run.checks import load
 from tests import plugin_faults
 from tests.test_run_integration import _tiny
 

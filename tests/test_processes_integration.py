@@ -17,14 +17,14 @@ from tests.test_run_integration import ROOT, _tiny
 
 
 def _stage_processes(pid: int) -> list[int]:
-    """Children of `pid` running a stage (`python -m pipeline.run.processes STAGE ...`)."""
+    """Children of `pid` running a stage (`python -m pipeline.run.launch gate|learner SPEC`)."""
     out = []
     for child in _children(pid):
         try:
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"pipeline.run.processes" in cmdline:
+        if b"pipeline.run.launch" in cmdline and {b"gate", b"learner"} & set(cmdline):
             out.append(child)
     return out
 

@@ -13,8 +13,10 @@ import pytest
 import structlog
 import trio
 
-from pipeline.run.job import RunInterrupted, build_suite, load, run_job
 from pipeline.progress import Progress
+from pipeline.run.build import build_suite
+from pipeline.run.checks import load
+from pipeline.run.job import RunInterrupted, run_job
 from tests.plugin_faults import STOPS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,8 +56,8 @@ async def test_pipeline_cuts_backfills_and_trains_on_a_tiny_budget(tmp_path):
     assert summary["learner_updates"] >= 1
     assert summary["cut_groups_reaching_learner"] == 0
     outcome = result.outcome
-    assert outcome.tally.cut_emission_refused == 0  # the allocator never emitted a cut group (counted, not listed)
-    assert outcome.tally.cut_groups_refused == 0
+    assert outcome.counters.cut_emission_refused == 0  # the allocator never emitted a cut group (counted, not listed)
+    assert outcome.counters.cut_groups_refused == 0
 
     run_dir = result.run_dir
     for name in ("config.toml", "metrics.jsonl", "events.jsonl", "summary.md", "summary.json", "checkpoints/policy.pt"):
@@ -74,7 +76,7 @@ async def test_pipeline_cuts_backfills_and_trains_on_a_tiny_budget(tmp_path):
     assert [r["iteration"] for r in rows] == list(range(1, len(rows) + 1))
     assert load(run_dir / "config.toml", []) == cfg
     assert written["profiler_overhead_pct"] < 3.0
-    tally = outcome.tally
+    tally = outcome.counters
     assert summary["groups_all_fail"] + summary["groups_mixed"] + summary["groups_all_succeed"] == tally.groups_complete
     assert summary["groups_all_fail"] + summary["groups_all_succeed"] == tally.zero_variance_complete  # 0/1 rewards
     by_family = summary["groups_by_family"]  # every train task has a family: the breakdown adds up

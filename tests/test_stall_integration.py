@@ -24,8 +24,9 @@ import trio
 
 from gates import build_gate
 from gates.stall import StallGate
-from pipeline.run.job import RunInterrupted, load, run_job
 from pipeline.progress import Progress
+from pipeline.run.checks import load
+from pipeline.run.job import RunInterrupted, run_job
 from tests.plugin_faults import STOPS
 from tests.test_run_integration import TINY, _tiny
 

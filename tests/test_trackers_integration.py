@@ -10,8 +10,9 @@ import sys
 import pytest
 import trio
 
-from pipeline.run.job import RunInterrupted, load, run_job
 from pipeline.progress import Progress
+from pipeline.run.checks import load
+from pipeline.run.job import RunInterrupted, run_job
 from tests import plugin_trackers as read
 from tests.plugin_faults import STOPS
 from tests.test_run_integration import ROOT, _tiny

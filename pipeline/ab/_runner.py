@@ -29,7 +29,7 @@ from pipeline.config import ConfigError, RunConfig, dump_toml
 from ._presets import Preset, toml_value
 
 Loader = Callable[[str | Path | None, Sequence[str]], RunConfig]
-"""`pipeline.run.job.load`: validates a config, names included (injected so this module stays a mechanism)."""
+"""`pipeline.run.checks.load`: validates a config, names included (injected so this module stays a mechanism)."""
 
 HARNESS_KEYS = ("run.seed", "run.name", "run.out", "run.progress")
 

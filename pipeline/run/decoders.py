@@ -1,9 +1,9 @@
 """Decoding in worker processes: `policy.workers` copies of the policy, each its own server over ZeroMQ.
 
 The GIL lets one process decode on one core at a time; a pool of worker processes uses every core. Each
-worker (`python -m pipeline.run.decoder`) builds the same backend from the run's resolved config, gets the
-main process's current weights first, and serves `ActRequest`s from its own PULL socket; all workers push
-`ActReply`s to one PULL socket here. The pool is itself a `Policy`, so the rollout stage, evaluation and
+worker is a child started by `launch.py` (role "decoder") that builds the same backend from the run's config
+(`build.build_backend`), gets the main process's current weights first, and serves `ActRequest`s from its
+own PULL socket; all workers push `ActReply`s to one PULL socket here. The pool is itself a `Policy`, so the rollout stage, evaluation and
 the learner do not know whether decoding is local or not:
 
 * `act()` sends the context as text to the worker with the fewest outstanding requests (the worker
@@ -17,9 +17,10 @@ the learner do not know whether decoding is local or not:
   any request is in flight (a wall span in this process), the workers' CPU (each worker process bound to
   the stage), replies per second and the round-trip latency of a request.
 
-Addresses are `ipc://` files in a private temporary folder: the same code runs across hosts with tcp
-addresses. A worker that dies stops the run with `PolicyWorkerDied` naming it (no silent restart); a
-worker also exits by itself if this process dies (it watches its parent), so no orphan is left behind.
+Addresses are `ipc://` files in a private temporary folder and every frame is sealed with the pool's own
+secret: the same code runs across hosts with tcp addresses. A worker that dies stops the run with
+`launch.ChildExited` naming it (no silent restart); a worker also exits by itself if this process dies (it
+watches its parent), so no orphan is left behind.
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import partial
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -39,27 +38,24 @@ import torch
 import trio
 
 from pipeline import tensors
+from pipeline.config import RunConfig
 from pipeline.messages import (
     AbandonRequest,
     ActReply,
     ActRequest,
     LoadWeights,
+    StageReady,
     WorkerInbox,
     WorkerOutbox,
-    WorkerReady,
 )
 from pipeline.profiling import Profiler
-from pipeline.stage import StageFailed
-from pipeline.transport import Context, open_context
+from pipeline.transport import Context, new_secret, open_context
 from stages.policy.base import ActResult, AgentContext, Policy, TrainableModel
 
+from .build import build_backend, build_suite
+from .launch import Child, ChildSpec, launch
+
 log = structlog.get_logger(__name__)
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-class PolicyWorkerDied(StageFailed):
-    """A decoding worker process exited while the run needed it."""
 
 
 class PolicyStopped(RuntimeError):
@@ -100,13 +96,13 @@ def deserialise_weights(blob: bytes) -> dict[str, torch.Tensor]:
 class WorkerPoolPolicy:
     """Implements `stages.policy.base.Policy` over `workers` decoding processes."""
 
-    def __init__(self, local: Policy, config_toml: str, *, workers: int, weights: Mapping[str, Any]) -> None:
+    def __init__(self, local: Policy, cfg: RunConfig, *, workers: int, weights: Mapping[str, Any]) -> None:
         if workers < 1:
             raise ValueError("a worker pool needs at least one worker")
         self.version = local.version
         self.workers = workers
         self._local = local
-        self._config_toml = config_toml
+        self._cfg = cfg
         self._weights = serialise_weights(weights)
         self._inboxes: list[trio.MemorySendChannel[WorkerInbox]] = []
         self._outstanding = [0] * workers
@@ -116,7 +112,7 @@ class WorkerPoolPolicy:
         self._serving = False
         self._stats = {"answered": 0, "abandoned": 0, "generated_tokens": 0}
         self._profiler: Profiler | None = None
-        self._pids: list[int] = []  # the worker processes now running
+        self._children: list[Child] = []  # the worker processes of the current `serve`
         self._in_flight_span: Any = None  # the `policy` busy span while requests are outstanding
 
     # ----------------------------------------------------------------------------------------------
@@ -173,36 +169,56 @@ class WorkerPoolPolicy:
         """Record decoding as the `policy` stage: in-flight requests as its busy time, the worker processes'
         CPU as its CPU (those running now and any started later), replies as its items."""
         self._profiler = profiler
-        for pid in self._pids:
-            profiler.bind_process("policy", pid)
+        for child in self._children:
+            if child.pid is not None and not child.ended.is_set():
+                profiler.bind_process("policy", child.pid)
 
     def statistics(self) -> PoolStatistics:
         return PoolStatistics(requests=self._requests, **self._stats, version=self.version, workers=self.workers)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._inboxes, self._outstanding = [], [0] * self.workers
+        self._children = [Child("policy", f"decoding worker {worker}") for worker in range(self.workers)]
+        secret = new_secret()  # the pool's own: seals every request and reply
         with tempfile.TemporaryDirectory(prefix="rollcut-workers-") as folder:
-            config = Path(folder) / "config.toml"
-            config.write_text(self._config_toml)
-            async with open_context() as zmq, trio.open_nursery() as nursery:
+            async with open_context(secret=secret) as zmq, trio.open_nursery() as nursery:
                 outbox = zmq.socket("pull", f"ipc://{folder}/out", bind=True, receives=WorkerOutbox)
-                for worker in range(self.workers):
+                for worker, child in enumerate(self._children):
                     send, receive = trio.open_memory_channel[WorkerInbox](4096)
                     self._inboxes.append(send)
                     await nursery.start(self._forward, zmq, f"ipc://{folder}/in-{worker}", receive)
-                    nursery.start_soon(self._run_worker, worker, config, folder)
+                    nursery.start_soon(self._launch, child, self._spec(worker, folder, secret))
                 try:
-                    await self._wait_ready(outbox)
+                    nursery.start_soon(self._dispatch, outbox)
+                    for child in self._children:  # all start at once; each says ready on the outbox
+                        await child.ready.wait()
+                    log.info("policy.workers_ready", workers=self.workers)
                     for worker in range(self.workers):
                         self._post(worker, LoadWeights(version=self.version, weights=self._weights))
                     self._serving = True
                     task_status.started()
-                    await self._dispatch(outbox)
+                    await trio.sleep_forever()
                 finally:
                     self._serving = False
                     for pending in self._pending.values():
                         pending.done.set()  # no reply: PolicyStopped in act()
                     nursery.cancel_scope.cancel()
+
+    def _spec(self, worker: int, folder: str, secret: bytes) -> ChildSpec:
+        return ChildSpec(role="decoder", config=self._cfg, addresses=self._cfg.transport, parent=os.getpid(),
+                         sys_path=list(sys.path), secret=secret, index=worker, inbox=f"ipc://{folder}/in-{worker}",
+                         outbox=f"ipc://{folder}/out")
+
+    async def _launch(self, child: Child, spec: ChildSpec) -> None:
+        """One worker, its CPU bound to the `policy` stage of the profile while it runs."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._bind_when_started, child)
+            await launch(child, spec, env={"OMP_NUM_THREADS": "1"})
+
+    async def _bind_when_started(self, child: Child) -> None:
+        await child.ready.wait()
+        if self._profiler is not None and child.pid is not None:
+            self._profiler.bind_process("policy", child.pid)
 
     # ----------------------------------------------------------------------------------------------
 
@@ -221,23 +237,6 @@ class WorkerPoolPolicy:
             async for message in receive:
                 await push.send(message)
 
-    async def _run_worker(self, worker: int, config: Path, folder: str) -> None:
-        command = [
-            sys.executable, "-m", "pipeline.run.decoder", "--config", str(config), "--index", str(worker),
-            "--inbox", f"ipc://{folder}/in-{worker}", "--outbox", f"ipc://{folder}/out",
-        ]
-        env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        async with trio.open_nursery() as nursery:
-            process = await nursery.start(partial(trio.run_process, command, check=False, cwd=ROOT, env=env))
-            self._pids.append(process.pid)
-            try:
-                if self._profiler is not None:
-                    self._profiler.bind_process("policy", process.pid)
-                await process.wait()
-            finally:
-                self._pids.remove(process.pid)
-        raise PolicyWorkerDied("policy", f"decoding worker {worker} exited with code {process.returncode} (its stderr is above)")
-
     def _enter_busy(self) -> None:
         if self._profiler is not None and self._in_flight_span is None:
             self._in_flight_span = self._profiler.remote_span("policy", "requests_in_flight")
@@ -247,14 +246,6 @@ class WorkerPoolPolicy:
         if self._in_flight_span is not None and not any(self._outstanding):
             self._in_flight_span.__exit__(None, None, None)
             self._in_flight_span = None
-
-    async def _wait_ready(self, outbox: Any) -> None:
-        ready: set[int] = set()
-        while len(ready) < self.workers:
-            message = await outbox.receive()
-            if isinstance(message, WorkerReady):
-                ready.add(message.worker)
-        log.info("policy.workers_ready", workers=self.workers)
 
     async def _dispatch(self, outbox: Any) -> None:
         async for message in outbox:
@@ -266,5 +257,67 @@ class WorkerPoolPolicy:
                         pending.done.set()
                         self._stats["answered"] += 1
                         self._stats["generated_tokens"] += len(message.token_ids)
-                case WorkerReady():
-                    pass
+                case StageReady(stage="decoder", worker=worker) if 0 <= worker < len(self._children):
+                    self._children[worker].ready.set()
+
+
+# --------------------------------------------------------------------------------------------------
+# The worker's side
+
+
+async def _answer(policy: Policy, request: ActRequest, index: int, scope: trio.CancelScope,
+                  replies: trio.MemorySendChannel[WorkerOutbox]) -> None:
+    context = AgentContext(request.task, request.observation, tuple(request.admissible), tuple(map(tuple, request.history)))
+    with scope:
+        try:
+            result = await policy.act(context, greedy=request.greedy, number=request.number)
+        except Exception as exc:  # the caller's trajectory fails, the worker goes on (Cancelled is not caught)
+            await replies.send(ActReply(request_id=request.request_id, worker=index, error=f"{type(exc).__name__}: {exc}"))
+            return
+        await replies.send(ActReply(
+            request_id=request.request_id, worker=index, action=result.action, text=result.text,
+            prompt_ids=result.prompt_ids, token_ids=result.token_ids, logprobs=result.logprobs,
+            policy_version=result.policy_version, choices=result.choices, nucleus=result.nucleus,
+        ))
+
+
+async def serve_decoder(spec: ChildSpec) -> None:
+    """A decoding worker (role "decoder" of `launch.py`): builds the backend (its weights arrive first as
+    `LoadWeights` from the pool, so no warm start runs here), serves `ActRequest`s from its inbox (PULL,
+    connected) as concurrent `act()` calls that the backend batches, and pushes `ActReply`s to the pool's
+    outbox. An `AbandonRequest` cancels the waiting call."""
+    cfg = spec.config
+    policy = build_backend(cfg, build_suite(cfg), warm_start=False)
+    replies, outgoing = trio.open_memory_channel[WorkerOutbox](4096)
+    scopes: dict[int, trio.CancelScope] = {}
+    async with open_context(secret=spec.secret) as zmq, trio.open_nursery() as nursery:
+        inbox = zmq.socket("pull", spec.inbox, bind=False, receives=WorkerInbox)
+        outbox = zmq.socket("push", spec.outbox, bind=False)
+        await nursery.start(policy.serve)
+
+        async def send_replies() -> None:
+            async with outbox, outgoing:
+                async for message in outgoing:
+                    await outbox.send(message)
+
+        nursery.start_soon(send_replies)
+        await replies.send(StageReady(stage="decoder", worker=spec.index))
+        async with inbox:
+            async for message in inbox:
+                match message:
+                    case ActRequest(request_id=rid):
+                        scope = scopes[rid] = trio.CancelScope()
+                        nursery.start_soon(_finish, policy, message, spec.index, scope, replies, scopes)
+                    case AbandonRequest(request_id=rid):
+                        if (scope := scopes.pop(rid, None)) is not None:
+                            scope.cancel()
+                    case LoadWeights(version=version, weights=blob):
+                        policy.load_weights(version, deserialise_weights(blob))
+
+
+async def _finish(policy: Policy, request: ActRequest, index: int, scope: trio.CancelScope,
+                  replies: trio.MemorySendChannel[WorkerOutbox], scopes: dict[int, trio.CancelScope]) -> None:
+    try:
+        await _answer(policy, request, index, scope, replies)
+    finally:
+        scopes.pop(request.request_id, None)

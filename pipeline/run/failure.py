@@ -10,8 +10,9 @@ import errno
 import traceback
 from pathlib import Path
 
-from . import resume
 from pipeline.stage import StageFailed
+
+from . import resume
 
 
 def save_on_failure(checkpointer: resume.Checkpointer) -> str:

@@ -10,9 +10,8 @@ Wiring (addresses from `[transport]`; each socket has one owner, named first):
     learner stage --LearnerReport / GroupsConsumed--> update recorder (one task): policy.load_weights,
           lifecycle (staleness budget, allocator.on_update), metrics row, checkpoint, progress, held-out
 
-This module is the composition root of the phase: it imports the built-in stages; the mechanism modules
-of `pipeline/` do not. `pipeline.run.processes` starts the gate and learner stages in processes of their own
-(`transport.mode = "processes"`), running the same stage code.
+The gate and learner come as handles (`placement.py`): the same code runs whether they are in this process
+or in children of their own (`transport.mode = "processes"`).
 """
 
 from __future__ import annotations
@@ -27,20 +26,23 @@ import trio
 
 from gates.allocators import Allocator
 from learner.trainer import Trainer
-from stages.envs.base import EnvSuite, Task
-from stages.policy.base import Policy
-from stages.rollout import GateIdentity, RolloutStage
-
-from . import processes, resume
 from pipeline.allocation import SlotPool, StalenessPacer
 from pipeline.config import RunConfig
 from pipeline.counters import PhaseCounters
-from .heldout import Evaluate, PeriodicHeldout
 from pipeline.lifecycle import GroupLifecycle
 from pipeline.messages import AnyMessage, GroupResult, PhaseFinished
 from pipeline.profiling import Profiler
 from pipeline.progress import Progress
 from pipeline.rundir import MetricsWriter
+from pipeline.stage import Stage, StageContext
+from pipeline.transport import new_secret, open_context
+from stages.envs.base import EnvSuite, Task
+from stages.policy.base import Policy
+from stages.rollout import RolloutStage
+
+from . import resume
+from .heldout import Evaluate, PeriodicHeldout
+from .placement import GateHandle, PhaseStages, addresses, place_stages
 from .runtime import (
     host_nursery,
     monitor_loop_lag,
@@ -49,8 +51,6 @@ from .runtime import (
     send_all,
     set_on,
 )
-from pipeline.stage import Stage, StageContext
-from pipeline.transport import new_secret, open_context
 from .updates import Phase, UpdateRecorder, live_status
 
 log = structlog.get_logger(__name__)
@@ -61,11 +61,11 @@ class GrpoOutcome:
     stop_reason: str
     wall_s: float
     updates: int
-    tally: PhaseCounters
-    admission: GroupLifecycle
+    counters: PhaseCounters
+    lifecycle: GroupLifecycle
     rollout: RolloutStage
-    gate: Any
-    """The gate stage (or, across processes, its last report); None without a gate."""
+    gate: GateHandle | None
+    """None without a gate."""
     allocator: Allocator
     slot_occupancy: float
     trajectory_slot_occupancy: float
@@ -77,7 +77,7 @@ class GrpoOutcome:
         return self.rollout.env_steps
 
     def loop_lag_p99_ms(self) -> float:
-        return self.tally.loop_lag_p99_ms()
+        return self.counters.loop_lag_p99_ms()
 
 
 @dataclass
@@ -86,7 +86,7 @@ class _Wiring:
 
     phase: Phase
     rollout: RolloutStage
-    stages: processes.Stages
+    stages: PhaseStages
     heldout: PeriodicHeldout
     recorder: UpdateRecorder
     events: trio.MemorySendChannel[AnyMessage]
@@ -108,7 +108,7 @@ async def run_grpo(
     success every `eval.every` updates (and `run.target_heldout` may end the phase).
     """
     secret = new_secret()  # seals every frame of the phase's sockets; stage processes get it as they start
-    async with open_context(cfg.transport.curve_dir, secret=secret) as zmq, processes.addresses(cfg) as t:
+    async with open_context(cfg.transport.curve_dir, secret=secret) as zmq, addresses(cfg) as t:
         w = _build(cfg, suite, policy, tasks, allocator, trainer, profiler, metrics, progress, checkpointer, restore,
                    evaluate, zmq.dropped_frames, secret)
         phase, ctx = w.phase, StageContext(zmq=zmq, addresses=t, run_dir=run_dir, profiler=profiler)
@@ -121,11 +121,11 @@ async def run_grpo(
             nursery.start_soon(set_on, w.heldout.target_reached, phase.done)
             async with trio.open_nursery() as work:  # everything that trains: cancelled at the last update
                 await work.start(policy.serve)
-                await work.start(w.stages.receive_reports, ctx)  # stage processes' reports, read to the gate's last
-                await work.start(w.stages.run_learner, ctx)
+                await work.start(w.stages.receive_reports, ctx)  # stage children's reports, read to the gate's last
+                await work.start(w.stages.learner.run, ctx)
                 if w.stages.gate is not None:
-                    await work.start(w.stages.run_gate, ctx)
-                w.rollout.gate = _identity(w.stages)
+                    await work.start(w.stages.gate.run, ctx)
+                    w.rollout.gate = w.stages.gate.identity()
                 await work.start(w.rollout.run, ctx)
                 await work.start(send_all, zmq, t.results, t.hwm, w.training)
                 await work.start(w.recorder.consume, w.stages.reports, evals)
@@ -152,11 +152,11 @@ def _build(
 ) -> _Wiring:
     counters, slots = PhaseCounters(family_of={t.task_id: t.family for t in tasks.values()}), SlotPool(cfg.rollout.slots)
     pacer = StalenessPacer(cfg.learner.batch_groups, cfg.learner.max_staleness)
-    stages = processes.Stages(cfg, trainer, capture_state=checkpointer is not None, secret=secret)
+    stages = place_stages(cfg, trainer, capture_state=checkpointer is not None, secret=secret)
     events, events_in = trio.open_memory_channel[AnyMessage](1024)
     training_out, training = trio.open_memory_channel[GroupResult](4 * cfg.learner.batch_groups)
     lifecycle = GroupLifecycle(allocator, slots, pacer, counters, group_size=cfg.rollout.group_size,
-                               training=stages.training_sink(training_out), events=events.clone())
+                               training=stages.learner.training_sink(training_out), events=events.clone())
     rollout = RolloutStage(
         suite, policy, tasks, profiler=profiler, step_timeout_s=cfg.rollout.step_timeout_s,
         max_error_rate=cfg.rollout.max_error_rate, min_trajectories=cfg.rollout.min_trajectories_for_error_rate,
@@ -164,9 +164,8 @@ def _build(
     )
     phase = Phase(cfg, counters, slots, pacer, lifecycle, rollout, allocator, policy, stages.gate, dropped_frames)
     if restore is not None:
-        phase.version = stages.version = resume.restore_counters(
-            restore, counters=counters, admission=lifecycle.admission, rollout=rollout, gate=stages.local_gate)
-        stages.restore_remote_gate(restore.get("gate"))
+        phase.version = stages.learner.version = resume.restore_counters(
+            restore, counters=counters, admission=lifecycle.admission, rollout=rollout, gate=stages.gate)
     if phase.version >= cfg.run.updates:
         phase.done.set()  # resumed after the last update: nothing left to train
     heldout = PeriodicHeldout(evaluate, cfg.eval.every, cfg.run.updates, metrics, progress,
@@ -179,12 +178,6 @@ def _build(
         attach(profiler)
     phase.started = counters.window_started = trio.current_time()
     return _Wiring(phase, rollout, stages, heldout, recorder, events, events_in, training)
-
-
-def _identity(stages: processes.Stages) -> GateIdentity | None:
-    """Whose cut decisions the rollout stage accepts (a gate in another process said so when ready)."""
-    identity = stages.gate_identity()
-    return GateIdentity(*identity) if identity is not None else None
 
 
 async def _until_done(w: _Wiring, stop: trio.Event | None) -> GrpoOutcome:
@@ -202,7 +195,7 @@ async def _until_done(w: _Wiring, stop: trio.Event | None) -> GrpoOutcome:
         log.warning("grpo.wall_limit", max_wall_s=cfg.run.max_wall_s, updates=phase.version)
     wall = phase.wall_s()
     return GrpoOutcome(
-        stop_reason=stop_reason, wall_s=wall, updates=phase.version, tally=phase.counters, admission=phase.lifecycle,
+        stop_reason=stop_reason, wall_s=wall, updates=phase.version, counters=phase.counters, lifecycle=phase.lifecycle,
         rollout=w.rollout, gate=phase.gate, allocator=phase.allocator, slot_occupancy=phase.slots.occupancy(),
         trajectory_slot_occupancy=w.rollout.trajectory_seconds / (cfg.rollout.slots * wall) if wall > 0 else float("nan"),
     )

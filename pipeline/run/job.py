@@ -1,8 +1,8 @@
 """The default job, end to end: warm start -> held-out success -> GRPO with the gate -> held-out again.
 
-This is the composition root: it resolves every configured name through the registries (environment,
-policy backend, gate, allocator, loss, custom stages), builds the components, runs the phases and writes
-the run folder. Everything it builds is also usable on its own (see docs/architecture.md).
+Where a run starts (`python run.py`): the config was checked (`checks.py`), the components are built
+(`build.py`, the one builder), the phases run here and in `grpo.py`, and the run folder is written. Everything
+it builds is also usable on its own (see docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -10,33 +10,32 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import structlog
 import torch
 import trio
 
-from gates import GATES, build_gate, check_gate
-from gates.allocators import AllocatorContext, build_allocator, check_allocator
-from learner.aggregation import AGGREGATIONS
-from learner.losses import LOSSES
-from learner.schedules import LR_SCHEDULES
 from learner.trainer import Trainer, published_weights
-from stages import envs
+from pipeline.config import RunConfig, dump_toml
+from pipeline.machine_load import watching
+from pipeline.memory import tune_malloc
+from pipeline.profiling import Profiler
+from pipeline.progress import Progress
+from pipeline.rundir import MetricsWriter, configure_logging, create_run_dir, write_summary
+from pipeline.task_ranges import heldout_ranges
+from pipeline.trackers import Trackers, finish_run, open_run_trackers
 from stages.envs import EnvSuite, Task
 from stages.evaluate import EvalReport, evaluate_splits
-from stages.policy import POLICIES, Policy
-from pipeline.run.decoders import WorkerPoolPolicy
+from stages.policy import Policy
 
 from . import resume
-from pipeline.config import RunConfig, dump_toml, load_config
-from .learning_curve import curve_points, write_learning_curve
+from .build import build_allocator, build_observers, build_policy, build_suite, build_trainer, train_tasks
 from .failure import failure_message, save_on_failure
 from .grpo import GrpoOutcome, run_grpo
+from .learning_curve import curve_points, write_learning_curve
 from .summary import (
     family_table,
     fmt_eval,
@@ -46,98 +45,8 @@ from .summary import (
     reports_to_json,
     summary,
 )
-from pipeline.machine_load import watching
-from pipeline.memory import tune_malloc
-from pipeline.plugins import option_problems
-from pipeline.profiling import Profiler
-from pipeline.progress import Progress
-from pipeline.rundir import MetricsWriter, configure_logging, create_run_dir, write_summary
-from pipeline.stage import STAGES, build_stage
-from pipeline.task_ranges import heldout_ranges
-from pipeline.trackers import Trackers, finish_run, open_run_trackers, tracker_problems
 
 log = structlog.get_logger(__name__)
-
-
-def name_checks(cfg: RunConfig) -> list[str]:
-    """Every configured name that does not resolve and every bad plugin option (env, policy, gate, allocator,
-    stages), for `load_config(extra_checks=...)`; `build_checks` then builds what it can once all are fine."""
-    problems = envs.check_suite(cfg.env.name, cfg.env.options)
-    policy_problems = POLICIES.check(cfg.policy.backend, "policy.backend")
-    if not policy_problems:  # a backend may validate its own section (`build.check`): vllm's install, model
-        policy_problems = getattr(POLICIES.get(cfg.policy.backend), "check", lambda _: [])(cfg.policy)
-    if not policy_problems:  # ... and its options (`build.check_options`)
-        check_policy = getattr(POLICIES.get(cfg.policy.backend), "check_options", lambda _: [])
-        policy_problems = [f"policy.options: {p}" for p in check_policy(cfg.policy)]
-    problems += policy_problems
-    gate_problems = GATES.check(cfg.gate.name, "gate.name")
-    if not gate_problems and cfg.gate.enabled and not cfg.gate.problems():  # (a bad gate.k / gate.tau is listed)
-        gate_problems = _gate_problems(cfg)
-    problems += gate_problems
-    problems += LOSSES.check(cfg.learner.loss, "learner.loss")
-    problems += AGGREGATIONS.check(cfg.learner.aggregation, "learner.aggregation")
-    problems += LR_SCHEDULES.check(cfg.learner.lr_schedule, "learner.lr_schedule")
-    problems += tracker_problems(cfg.run.trackers, cfg.trackers)
-    problems += [f"allocator: {p}" for p in check_allocator(cfg.allocator.name, cfg.allocator.options)]
-    for i, spec in enumerate(cfg.stages):
-        stage_problems = STAGES.check(spec.target, f"stages[{i}].target")
-        problems += stage_problems or option_problems(
-            STAGES.get(spec.target), spec.options, f"stages[{i}].options", f"stage {spec.target!r}"
-        )
-    return problems + (build_checks(cfg) if not problems else [])
-
-
-_BUILD_ERRORS = (TypeError, ValueError, LookupError, OSError, ImportError)
-
-
-def build_checks(cfg: RunConfig) -> list[str]:
-    """Build the environment suite and the custom stages (cheap constructors, no warm start) so what only
-    building finds (a missing games folder, a check across options) fails `run.py check` and the start of
-    `run.py` with exit 2, not a traceback after the warm start."""
-    problems: list[str] = []
-
-    def attempt(where: str, build: Any) -> None:
-        try:
-            build()
-        except _BUILD_ERRORS as exc:
-            problems.append(f"{where}: {exc}")
-
-    attempt("env", lambda: build_suite(cfg))
-    for i, spec in enumerate(cfg.stages):
-        attempt(f"stages[{i}]", lambda i=i, spec=spec: build_stage(spec.target, spec.options, f"stages[{i}].options"))
-    return problems
-
-
-def _gate_problems(cfg: RunConfig) -> list[str]:
-    """The gate's options decoded into its `Options` and the gate built; its first checkpoint must be reachable."""
-    problems = check_gate(cfg.gate.name, cfg.gate.gate_options())
-    if problems:
-        return problems
-    try:
-        gate = build_gate(cfg.gate.name, cfg.gate.gate_options())
-    except _BUILD_ERRORS as exc:
-        return [f"gate.options: {exc}"]
-    first = min(getattr(gate, "checkpoints", None) or [0])
-    if first > cfg.env.max_steps:
-        return [f"gate.k ({first}) is beyond env.max_steps ({cfg.env.max_steps}): the gate could never fire"]
-    return []
-
-
-def load(path: str | Path | None, overrides: Sequence[str]) -> RunConfig:
-    return load_config(path, overrides, extra_checks=[name_checks])
-
-
-def build_suite(cfg: RunConfig) -> EnvSuite:
-    return envs.build_suite(cfg.env.name, cfg.env.options, max_steps=cfg.env.max_steps)
-
-
-def build_policy(cfg: RunConfig, suite: EnvSuite, *, workers: int | None = None) -> Policy:
-    """The configured backend, warm-started; behind a pool of decoding processes when `policy.workers` > 1."""
-    local = POLICIES.get(cfg.policy.backend)(cfg.policy, cfg.pretrain, suite, seed=cfg.run.seed)
-    workers = cfg.policy.workers if workers is None else workers
-    if workers <= 1:
-        return local
-    return WorkerPoolPolicy(local, dump_toml(cfg), workers=workers, weights=local.trainable().state_dict())
 
 
 def heldout_tasks(cfg: RunConfig, suite: EnvSuite) -> dict[str, list[Task]]:
@@ -325,23 +234,14 @@ class _GrpoParts:
 def _grpo_parts(
     cfg: RunConfig, suite: EnvSuite, policy: Policy, checkpoint: dict[str, Any] | None, run_dir: Path, job: dict[str, Any]
 ) -> _GrpoParts:
-    train = list(suite.tasks("train"))
-    if cfg.env.train_tasks:
-        train = train[: cfg.env.train_tasks]
-    allocator = build_allocator(
-        cfg.allocator.name,
-        cfg.allocator.options,
-        AllocatorContext(tasks=train, group_size=cfg.rollout.group_size, batch_groups=cfg.learner.batch_groups, seed=cfg.run.seed),
-    )
-    trainer = Trainer(
-        policy.trainable(), cfg.learner, LOSSES.get(cfg.learner.loss),
-        temperature=cfg.policy.temperature, top_p=cfg.policy.top_p, seed=cfg.run.seed, total_updates=cfg.run.updates,
-    )
+    train = train_tasks(cfg, suite)
+    allocator = build_allocator(cfg, train)
+    trainer = build_trainer(cfg, policy.trainable())
     if checkpoint is not None:
         allocator.load_state_dict(checkpoint["allocator"])
         trainer.load_state_dict(checkpoint["trainer"])
         resume.set_rng_state(checkpoint["rng"])
-    observers = [build_stage(spec.target, spec.options, f"stages[{i}].options") for i, spec in enumerate(cfg.stages)]
+    observers = build_observers(cfg)
     profiler = Profiler.from_config(cfg.profile, thread_cpu=cfg.profile.thread_cpu, gpu_stages=cfg.profile.gpu_stages)
     checkpointer = resume.Checkpointer(run_dir, cfg.run.checkpoint_every, job)
     checkpointer.latest = checkpoint
@@ -369,10 +269,10 @@ async def _finish(
     figures = summary(cfg, outcome, before, after, warm_start_s, wall_s,
                       profiler_overhead_pct=overhead["overhead_pct"] if overhead else None, generated_tokens=generated,
                       machine_load=parts.machine_load)
-    if outcome.tally.evaluations:
+    if outcome.counters.evaluations:
         write_learning_curve(
             run_dir / "learning_curve.png",
-            curve_points({s: r.success for s, r in before.items()}, outcome.tally.evaluations,
+            curve_points({s: r.success for s, r in before.items()}, outcome.counters.evaluations,
                          {s: r.success for s, r in after.items()}, final_wall_s=outcome.wall_s, final_env_steps=outcome.env_steps,
                          measure_range=cfg.eval.range, curve_range=cfg.eval.curve_range),
             title=f"{cfg.run.name}: held-out success (seed {cfg.run.seed})",
@@ -380,7 +280,7 @@ async def _finish(
     write_summary(run_dir, figures, {
         "Per-stage profile": report.table_markdown(),
         f"Held-out success by family ({cfg.eval.range} range)": family_table(before, after),
-        "Training groups by family": group_kinds_table(outcome.tally.kinds_by_family),
+        "Training groups by family": group_kinds_table(outcome.counters.kinds_by_family),
     })
     log.info("job.finished", **{k: v for k, v in figures.items() if not isinstance(v, dict | list)})
     if interrupted:
@@ -394,8 +294,7 @@ async def _build_policy(cfg: RunConfig, suite: EnvSuite, checkpoint: dict[str, A
     if checkpoint is None:
         policy = await trio.to_thread.run_sync(build_policy, cfg, suite, abandon_on_cancel=True)
         return policy, time.perf_counter() - t0
-    cold = msgspec.structs.replace(cfg, pretrain=msgspec.structs.replace(cfg.pretrain, enabled=False))
-    policy = await trio.to_thread.run_sync(build_policy, cold, suite, abandon_on_cancel=True)
+    policy = await trio.to_thread.run_sync(lambda: build_policy(cfg, suite, warm_start=False), abandon_on_cancel=True)
     policy.load_weights(checkpoint["version"], published_weights(checkpoint["trainer"]))
     load_sampling = getattr(policy, "load_sampling_state", None)
     if load_sampling is not None and checkpoint["policy"] is not None:

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gates import build_gate
+from pipeline.config import RunConfig
+from pipeline.memory import peak_rss_mb
 from stages.evaluate import EpisodeOutcome, EvalReport, summarize
 
-from pipeline.config import RunConfig
+from .build import build_gate
 from .grpo import GrpoOutcome
-from pipeline.memory import peak_rss_mb
 
 
 def fmt_eval(reports: dict[str, EvalReport]) -> str:
@@ -68,8 +68,8 @@ def summary(
         "heldout_tasks_per_split": cfg.eval.tasks,
         "heldout_curve_range": cfg.eval.curve_range if cfg.eval.every else None,
         "heldout_curve_tasks_per_split": cfg.eval.periodic_tasks() if cfg.eval.every else None,
-        "heldout_curve": outcome.tally.evaluations,
-        "eval_s": outcome.tally.eval_s,
+        "heldout_curve": outcome.counters.evaluations,
+        "eval_s": outcome.counters.eval_s,
         "loop_lag_p99_ms": outcome.loop_lag_p99_ms(),
         "profiler_overhead_pct": profiler_overhead_pct,
         "warm_start_s": warm_start_s,
@@ -86,9 +86,7 @@ def gate_label(cfg: RunConfig, outcome: GrpoOutcome) -> str:
     """"name K=.. tau=.." from the gate's resolved options (its own defaults included), "off" without one."""
     if not cfg.gate.enabled or outcome.gate is None:
         return "off"
-    gate = getattr(outcome.gate, "gate", None)  # absent when the gate stage runs in its own process
-    if gate is None:
-        gate = build_gate(cfg.gate.name, cfg.gate.gate_options())
+    gate = build_gate(cfg)  # the gate as configured, its own defaults resolved (wherever the stage ran)
     options = getattr(gate, "options", None)  # a plugin gate need not keep its options
     shown = [f"{label}={getattr(options, key)}" for label, key in (("K", "k"), ("tau", "tau")) if hasattr(options, key)]
     return " ".join([cfg.gate.name, *shown]) + (" shadow" if cfg.gate.shadow else "")
@@ -96,30 +94,30 @@ def gate_label(cfg: RunConfig, outcome: GrpoOutcome) -> str:
 
 def _group_figures(cfg: RunConfig, outcome: GrpoOutcome, gate_stats: dict[str, Any]) -> dict[str, Any]:
     """What happened to the groups: admitted, cut, trained, by outcome and by kind."""
-    tally = learner = outcome.tally  # one set of counters (pipeline.counters.PhaseCounters)
+    counters = outcome.counters  # one set of counters (pipeline.counters.PhaseCounters)
     return {
         "seed": cfg.run.seed,
         "gate": gate_label(cfg, outcome),
         "allocator": cfg.allocator.name,
         "stop_reason": outcome.stop_reason,
-        "groups_admitted": outcome.admission.groups_admitted,
-        "groups_cut": tally.groups_cut,
-        "groups_backfilled": outcome.admission.backfills,
-        "groups_trained": learner.groups_trained,
-        "groups_trained_informative": learner.groups_trained - learner.groups_trained_zero_variance,
-        "groups_dropped_zero_variance": learner.groups_dropped_zero_variance,
-        "cut_groups_reaching_learner": learner.cut_groups_refused + tally.cut_emission_refused,
-        "zero_variance_fraction": tally.merged_zero_variance / tally.merged_full_size if tally.merged_full_size else None,
-        "zero_variance_prompts": tally.merged_full_size,
-        "first_stage_groups": tally.first_stage_groups,
-        "first_stage_cut_fraction": tally.first_stage_cut / tally.first_stage_groups if tally.first_stage_groups else None,
+        "groups_admitted": outcome.lifecycle.groups_admitted,
+        "groups_cut": counters.groups_cut,
+        "groups_backfilled": outcome.lifecycle.backfills,
+        "groups_trained": counters.groups_trained,
+        "groups_trained_informative": counters.groups_trained - counters.groups_trained_zero_variance,
+        "groups_dropped_zero_variance": counters.groups_dropped_zero_variance,
+        "cut_groups_reaching_learner": counters.cut_groups_refused + counters.cut_emission_refused,
+        "zero_variance_fraction": counters.merged_zero_variance / counters.merged_full_size if counters.merged_full_size else None,
+        "zero_variance_prompts": counters.merged_full_size,
+        "first_stage_groups": counters.first_stage_groups,
+        "first_stage_cut_fraction": counters.first_stage_cut / counters.first_stage_groups if counters.first_stage_groups else None,
         "gate_decisions_by_kind": {k.rsplit("/", 1)[1]: v for k, v in gate_stats.items() if k.startswith("gate/decisions/")},
         "gate_groups_seen_by_kind": {k.rsplit("/", 1)[1]: v for k, v in gate_stats.items() if k.startswith("gate/groups_seen/")},
         "cuts_late": outcome.rollout.cuts_late,
-        "groups_all_fail": tally.all_fail_complete,
-        "groups_mixed": tally.groups_complete - tally.all_fail_complete - tally.all_succeed_complete,
-        "groups_all_succeed": tally.all_succeed_complete,
-        "groups_by_family": {family: dict(kinds) for family, kinds in sorted(tally.kinds_by_family.items())},
+        "groups_all_fail": counters.all_fail_complete,
+        "groups_mixed": counters.groups_complete - counters.all_fail_complete - counters.all_succeed_complete,
+        "groups_all_succeed": counters.all_succeed_complete,
+        "groups_by_family": {family: dict(kinds) for family, kinds in sorted(counters.kinds_by_family.items())},
     }
 
 
@@ -127,7 +125,7 @@ def _throughput_figures(
     outcome: GrpoOutcome, gate_stats: dict[str, Any], alloc: dict[str, Any], generated_tokens: int | None
 ) -> dict[str, Any]:
     """The gate's quality and cost, occupancy, staleness, env steps and tokens."""
-    tally = learner = outcome.tally  # one set of counters (pipeline.counters.PhaseCounters)
+    counters = outcome.counters  # one set of counters (pipeline.counters.PhaseCounters)
     return {
         "gate_precision": gate_stats.get("gate/precision"),
         "gate_recall": gate_stats.get("gate/recall"),
@@ -135,17 +133,17 @@ def _throughput_figures(
         "gate_cpu_us_per_decision": gate_stats.get("gate/cpu_us_per_decision"),
         "slot_occupancy": outcome.slot_occupancy,
         "trajectory_slot_occupancy": outcome.trajectory_slot_occupancy,
-        "staleness_lag_max": tally.staleness_lag_max,
-        "staleness_lag_mean": tally.lag_sum / tally.items_trained if tally.items_trained else None,
-        "items_dropped_stale": tally.items_dropped_stale,
-        "items_beyond_max": tally.items_beyond_max,
-        "items_trained": tally.items_trained,
+        "staleness_lag_max": counters.staleness_lag_max,
+        "staleness_lag_mean": counters.lag_sum / counters.items_trained if counters.items_trained else None,
+        "items_dropped_stale": counters.items_dropped_stale,
+        "items_beyond_max": counters.items_beyond_max,
+        "items_trained": counters.items_trained,
         "env_steps": outcome.env_steps,
         "env_steps_per_s": outcome.env_steps / outcome.wall_s if outcome.wall_s > 0 else None,
         "rollouts_spent": alloc.get("allocator/rollouts_spent"),
         "trajectories_failed": outcome.rollout.trajectories_failed,
         "generated_tokens": generated_tokens,
-        "learner_updates": learner.updates,
+        "learner_updates": counters.updates,
         # of uncut groups only: a gate cuts mostly failing ones, so with cuts this reads high
-        "train_success_rate": tally.successes / tally.rollouts_finished if tally.rollouts_finished else None,
+        "train_success_rate": counters.successes / counters.rollouts_finished if counters.rollouts_finished else None,
     }

@@ -10,30 +10,24 @@ stage only sends; nothing here calls into it, so it may run in another process.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
-from . import resume
 from pipeline.allocation import SlotPool, StalenessPacer
 from pipeline.config import RunConfig
 from pipeline.counters import GroupsConsumed, LearnerReport, PhaseCounters
-from .heldout import PeriodicHeldout
 from pipeline.lifecycle import GroupLifecycle
 from pipeline.messages import AnyMessage, WeightsPublished
 from pipeline.profiling import Profiler
 from pipeline.progress import Progress
 from pipeline.rundir import MetricsWriter
 
-
-class GateView(Protocol):
-    """A gate stage as the runtime reads it (in-process, or the last report of one in another process)."""
-
-    def statistics(self) -> Mapping[str, float | None]: ...
-
-    def counters_state(self) -> dict[str, Any]: ...
+from . import resume
+from .heldout import PeriodicHeldout
+from .placement import GateHandle
 
 
 @dataclass
@@ -49,7 +43,7 @@ class Phase:
     """The rollout stage (env_steps, trajectory_seconds, its resume counters)."""
     allocator: Any
     policy: Any
-    gate: GateView | None
+    gate: GateHandle | None
     dropped_frames: Callable[[], dict[str, dict[str, int]]]
     version: int = 0
     started: float = 0.0

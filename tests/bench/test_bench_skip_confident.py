@@ -9,7 +9,8 @@ import torch
 
 from learner.losses import clipped_ratio_loss
 from learner.trainer import Trainer
-from pipeline.run.job import build_policy, build_suite, load
+from pipeline.run.build import build_policy, build_suite
+from pipeline.run.checks import load
 
 from . import ROOT, bench_module
 

@@ -3,9 +3,9 @@
 from types import SimpleNamespace
 
 from pipeline.counters import LearnerReport, PhaseCounters
-from pipeline.run.summary import group_kinds_table
 from pipeline.messages import GroupResult, Trajectory, TrajectoryStatus
 from pipeline.run.resume import capture_counters, restore_counters
+from pipeline.run.summary import group_kinds_table
 
 
 def _group(task_id: str, wins: list[bool], *, cut: bool = False) -> GroupResult:

@@ -31,7 +31,6 @@ from pipeline.messages import (
     WeightsPublished,
     WorkerInbox,
     WorkerOutbox,
-    WorkerReady,
 )
 
 EXAMPLES = [
@@ -68,7 +67,7 @@ WORKER_EXAMPLES = [
     (AbandonRequest(request_id=7), WorkerInbox),
     (LoadWeights(version=2, weights=b"\x00\x01"), WorkerInbox),
     (ActReply(request_id=7, worker=1, action="look", text="look", prompt_ids=[1], token_ids=[2, 3], logprobs=[-0.1, -0.2], policy_version=2), WorkerOutbox),
-    (WorkerReady(worker=1), WorkerOutbox),
+    (StageReady(stage="decoder", worker=1), WorkerOutbox),
     (GroupExpected(group_id=4), LearnerInbox),
     (StageReady(stage="gate", gate="prefix_edit_distance", shadow=True), ReportStream),
     (LearnerUpdated(version=2, stats={"learner/loss": 0.1}, train_seconds=1.5, groups_trained=8, weights=b"w", trainer_state=b"s"), ReportStream),

@@ -8,7 +8,8 @@ from structlog.testing import capture_logs
 
 from pipeline.config import ConfigError, PolicySection, PretrainSection, load_config
 from pipeline.contracts import Task
-from pipeline.run.job import build_suite, curve_tasks, heldout_tasks
+from pipeline.run.build import build_suite
+from pipeline.run.job import curve_tasks, heldout_tasks
 from pipeline.task_ranges import RANGES, heldout_ranges, range_bounds, task_range
 from stages.envs.household.suite import HouseholdSuite
 from stages.policy.torch_tiny import build_policy

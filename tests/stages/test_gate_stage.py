@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 import trio
 
+from gates import build_gate
 from pipeline.config import TransportSection
 from pipeline.messages import CancelGroup, ControlStream, GroupClosed, GroupOpened, StepEvent
 from pipeline.profiling import Profiler
@@ -13,6 +14,10 @@ from pipeline.transport import open_context
 from stages.gate_stage import GateStage
 
 ACTIONS = [f"go to cabinet {i}" for i in range(10)]
+
+
+def _prefix_gate():
+    return build_gate("prefix_edit_distance", {"k": 10, "tau": 0.12})
 
 
 def _steps(gid, sequences):
@@ -49,7 +54,7 @@ async def test_converged_group_is_cut_and_diverse_group_is_not():
     messages = [GroupOpened(group_id=1, task_id="a", size=8, policy_version=0, admitted_at=0.0),
                 GroupOpened(group_id=2, task_id="b", size=8, policy_version=0, admitted_at=0.0),
                 *_steps(2, diverse), *_steps(1, converged)]
-    stage = GateStage(k=10, tau=0.12)
+    stage = GateStage(_prefix_gate())
     (decision,) = await _run_gate(stage, messages, bad_frames=3)
     assert isinstance(decision, CancelGroup)
     assert decision.group_id == 1 and decision.value == 0.0 and decision.gate == "prefix_edit_distance"
@@ -81,7 +86,7 @@ def _opened(gid, size, kind="group", parent=None):
 
 
 def test_only_a_prompts_first_stage_group_of_two_or_more_is_gated():
-    stage = GateStage(k=10, tau=0.12)
+    stage = GateStage(_prefix_gate())
     messages = [
         _opened(1, 4, "pilot"), *_steps(1, [ACTIONS] * 4),  # converged pilot: gated and cut
         _opened(2, 4, "commit", parent=1), *_steps(2, [ACTIONS] * 4),  # converged commit: never gated
@@ -97,14 +102,14 @@ def test_only_a_prompts_first_stage_group_of_two_or_more_is_gated():
     with pytest.raises(dataclasses.FrozenInstanceError):
         stats.decisions = 0  # a record of one moment
     counters = stage.counters_state()
-    restored = GateStage(k=10, tau=0.12)
+    restored = GateStage(_prefix_gate())
     restored.load_counters(counters)
     back = restored.statistics()  # a resumed run's counters (open groups are not carried over)
     assert (back.decisions, back.groups_seen, back.decisions_by_kind) == (stats.decisions, stats.groups_seen, stats.decisions_by_kind)
 
 
 def test_shadow_labels_use_the_prompts_merged_group_and_leave_failed_rollouts_out():
-    stage = GateStage(k=10, tau=0.12, shadow=True)
+    stage = GateStage(_prefix_gate(), shadow=True)
     messages = [
         # pilot: converged and all-fail on its own (would cut) ...
         _opened(1, 4, "pilot"), *_steps(1, [ACTIONS] * 4),
@@ -124,7 +129,7 @@ def test_shadow_labels_use_the_prompts_merged_group_and_leave_failed_rollouts_ou
 def test_a_merged_group_with_one_complete_reward_is_unlabelled_online_as_offline():
     from gates.calibration import RecordedGroup
 
-    stage = GateStage(k=10, tau=0.12, shadow=True)
+    stage = GateStage(_prefix_gate(), shadow=True)
     messages = [
         # converged (would cut) but one of its two rollouts failed: one complete reward, no pair to compare
         _opened(1, 2, "group"), *_steps(1, [ACTIONS] * 2),

@@ -5,7 +5,7 @@ import pytest
 from learner.items import build_items
 from pipeline.ab._presets import find_presets, flatten, list_presets, load_preset
 from pipeline.config import ConfigError, merge_overrides
-from pipeline.run.job import load
+from pipeline.run.checks import load
 from tests.learner.toy_model import BigramModel, toy_group
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"

@@ -10,10 +10,12 @@ import pytest
 import torch
 import trio
 
-from pipeline.run.job import build_policy, build_suite, load
 from pipeline.profiling import Profiler
+from pipeline.run.build import build_policy, build_suite
+from pipeline.run.checks import load
+from pipeline.run.decoders import WorkerPoolPolicy
+from pipeline.run.launch import ChildExited
 from stages.policy.base import AgentContext
-from pipeline.run.decoders import PolicyWorkerDied, WorkerPoolPolicy
 
 OVERRIDES = [
     "env.max_steps=8",
@@ -142,8 +144,9 @@ def test_a_dead_worker_stops_the_pool_with_its_name(setup):
     with pytest.raises(BaseException) as info:  # noqa: PT011 (inside exception groups)
         trio.run(main)
     text = repr(info.value)
-    assert "PolicyWorkerDied" in text or isinstance(info.value, PolicyWorkerDied)
-    assert "decoding worker" in str(_find(info.value, PolicyWorkerDied))
+    assert "ChildExited" in text or isinstance(info.value, ChildExited)
+    died = _find(info.value, ChildExited)
+    assert died.stage == "policy" and "decoding worker" in str(died)
 
 
 def _find(exc, kind):
@@ -166,5 +169,5 @@ def _worker_pids():
                     cmdline = f.read()
             except OSError:
                 continue
-            if int(fields[1]) == me and b"pipeline.run.decoder" in cmdline:
+            if int(fields[1]) == me and b"pipeline.run.launch" in cmdline and b"decoder" in cmdline:
                 yield int(entry)

@@ -5,6 +5,7 @@ import trio
 
 import pipeline.run.job as job
 from pipeline.config import ConfigError, RunConfig, load_config
+from pipeline.run import checks
 from stages.evaluate import EvalReport
 
 
@@ -51,7 +52,7 @@ async def test_overlapping_periodic_evaluations_take_turns_on_the_one_evaluation
 
 def test_an_unknown_lr_schedule_is_listed_with_the_other_bad_names():
     with pytest.raises(ConfigError) as info:
-        load_config(None, ["learner.lr_schedule=stepwise", "learner.aggregation=nope"], extra_checks=[job.name_checks])
+        load_config(None, ["learner.lr_schedule=stepwise", "learner.aggregation=nope"], extra_checks=[checks.name_checks])
     problems = "\n".join(info.value.problems)
     assert "learner.lr_schedule" in problems and "stepwise" in problems
     assert "learner.aggregation" in problems

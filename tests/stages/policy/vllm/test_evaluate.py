@@ -21,7 +21,7 @@ def test_left_padding_right_aligns_every_prompt() -> None:
 def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     pytest.importorskip("transformers", reason="make-model needs transformers (vllm environment)")
     from pipeline.config import load_config
-    from pipeline.run.job import build_suite
+    from pipeline.run.build import build_suite
     from stages.policy.vllm import VllmOptions
     from stages.policy.vllm._make_model import BcSettings, ModelShape, make_model
 
@@ -70,7 +70,7 @@ def test_finetune_from_a_model_dir_with_lora_saves_a_plain_model_with_merged_wei
     from transformers import AutoModelForCausalLM
 
     from pipeline.config import load_config
-    from pipeline.run.job import build_suite
+    from pipeline.run.build import build_suite
     from stages.policy.vllm import VllmOptions
     from stages.policy.vllm._lora import LoraSettings
     from stages.policy.vllm._make_model import BcSettings, finetune_model

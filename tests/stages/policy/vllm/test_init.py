@@ -9,7 +9,7 @@ import pytest
 
 import stages.policy.vllm as backend
 from pipeline.config import ConfigError, PolicySection, PretrainSection
-from pipeline.run.job import load
+from pipeline.run.checks import load
 
 
 def test_missing_vllm_is_a_config_problem_naming_the_install_route(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

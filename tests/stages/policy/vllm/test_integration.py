@@ -18,8 +18,10 @@ import trio
 pytest.importorskip("vllm", reason="vLLM is not installed here (CI runs these tests in .venv-vllm; docs/vllm.md)")
 
 from pipeline.config import load_config  # noqa: E402
-from pipeline.run.job import build_suite, load, run_job  # noqa: E402
 from pipeline.profiling import load_report  # noqa: E402
+from pipeline.run.build import build_suite  # noqa: E402
+from pipeline.run.checks import load  # noqa: E402
+from pipeline.run.job import run_job  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
 from stages.policy.vllm import VllmOptions, build_policy  # noqa: E402
 from stages.policy.vllm._learner import CausalLMTrainable  # noqa: E402

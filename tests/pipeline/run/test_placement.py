@@ -8,18 +8,19 @@ import msgspec
 import pytest
 import torch
 
-from pipeline.run import processes
 from pipeline.config import ConfigError, RunConfig, load_config
 from pipeline.counters import LearnerReport
 from pipeline.messages import LearnerUpdated, ReportStream
+from pipeline.run import placement
+from stages.rollout import GateIdentity
 
 
 async def test_inproc_addresses_become_private_ipc_files_only_across_processes():
     threads = RunConfig()
-    async with processes.addresses(threads) as t:
+    async with placement.addresses(threads) as t:
         assert t == threads.transport
     cfg = load_config(None, ["transport.mode=processes", 'transport.results="tcp://127.0.0.1:5999"'])
-    async with processes.addresses(cfg) as t:
+    async with placement.addresses(cfg) as t:
         folder = Path(t.steps.removeprefix("ipc://")).parent
         assert {t.steps, t.control, t.events, t.reports} == {f"ipc://{folder}/{k}" for k in ("steps", "control", "events", "reports")}
         assert t.results == "tcp://127.0.0.1:5999"  # as configured: the same code serves tcp
@@ -41,13 +42,13 @@ async def test_a_learner_report_survives_the_wire():
             sent.append(msgspec.msgpack.decode(msgspec.msgpack.encode(message), type=ReportStream))
 
     state = {"model": {"w": torch.ones(2)}, "rng": (3, (1, 2), None)}
-    await processes._WireReports(_Socket()).send(LearnerReport(
+    await placement._WireReports(_Socket()).send(LearnerReport(
         version=2, stats={"learner/loss": 0.5}, train_seconds=1.0, weights={"w": torch.arange(3.0)},
         trainer_state=state, groups_trained=4))
     (frame,) = sent
     assert isinstance(frame, LearnerUpdated) and frame.version == 2 and frame.groups_trained == 4
-    assert torch.equal(processes._from_bytes(frame.weights)["w"], torch.arange(3.0))
-    back = processes._from_bytes(frame.trainer_state)
+    assert torch.equal(placement._from_bytes(frame.weights)["w"], torch.arange(3.0))
+    back = placement._from_bytes(frame.trainer_state)
     assert torch.equal(back["model"]["w"], torch.ones(2)) and back["rng"] == (3, (1, 2), None)
 
 
@@ -62,13 +63,13 @@ class _TouchesAFile:
 
 
 def _update(version, weights=None, state=b""):
-    weights = processes._to_bytes({"w": torch.ones(2)}) if weights is None else weights
+    weights = placement._to_bytes({"w": torch.ones(2)}) if weights is None else weights
     return LearnerUpdated(version=version, stats={}, train_seconds=0.0, groups_trained=2, weights=weights,
                           trainer_state=state)
 
 
 async def _read_reports(cfg, messages):
-    """Run the reports reader of a remote-stage `Stages`, send it `messages` then the learner's next report
+    """Run the reports reader of stages placed in children, send it `messages` then the learner's next report
     (version 1) on one socket, and return once that arrived (so every message before it was read)."""
     import trio
 
@@ -76,7 +77,7 @@ async def _read_reports(cfg, messages):
     from pipeline.stage import StageContext
     from pipeline.transport import open_context
 
-    stages = processes.Stages(cfg, trainer=None, capture_state=True)
+    stages = placement.place_stages(cfg, trainer=None, capture_state=True)
     t = msgspec.structs.replace(cfg.transport, reports="inproc://reports")
     async with open_context() as zmq, trio.open_nursery() as nursery:
         await nursery.start(stages.receive_reports, StageContext(zmq=zmq, addresses=t, run_dir=Path("."),
@@ -101,7 +102,7 @@ async def test_a_forged_learner_report_is_dropped_and_counted_and_runs_no_pickle
     touched = tmp_path / "touched"
     saved = io.BytesIO()
     torch.save({"w": _TouchesAFile(touched)}, saved)
-    good = processes._to_bytes({"w": torch.ones(2)})
+    good = placement._to_bytes({"w": torch.ones(2)})
     forged = [_update(1, pickle.dumps(_TouchesAFile(touched))), _update(1, saved.getvalue()),
               _update(1, state=saved.getvalue()), _update(1, good[:-3]), _update(3), _update(0)]
     _, report, dropped = await _read_reports(load_config(None, ["transport.mode=processes"]), forged)
@@ -121,6 +122,6 @@ async def test_reports_a_stage_process_cannot_have_sent_are_dropped_and_its_drop
         StageReady(stage="stranger"), FramesDropped(stage="stranger", counts={"x": {"y": 1}}),
         FramesDropped(stage="learner", counts={"results": {"bad_token": 3}}),
         FramesDropped(stage="learner", counts={"results": {"bad_token": 5}})])
-    assert stages.gate_identity() == ("stall", True)  # the first StageReady of the gate, not the forged second
+    assert stages.gate.identity() == GateIdentity("stall", True)  # the first StageReady of the gate, not the forged second
     assert dropped == {"reports": {"unexpected_ready": 2, "unexpected_report": 1},
                        "results": {"bad_token": 5}}  # a stage's last counts, not their sum

@@ -1,0 +1,101 @@
+"""The one place a `RunConfig` becomes components: the environment suite, the policy backend (behind its
+decoding processes or not), the trainer, the allocator, the gate and its stage, the learner stage and the
+custom stages.
+
+The main process and every child it launches (`pipeline/run/launch.py`: the gate stage, the learner stage,
+the decoding workers) build from the one config they were given, through these functions, so a component
+is built the same way wherever it runs. Nothing here starts anything: building is cheap and synchronous
+apart from the warm start of `build_backend`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from gates import build_gate as build_named_gate
+from gates.allocators import Allocator, AllocatorContext
+from gates.allocators import build_allocator as build_named_allocator
+from gates.base import Gate
+from learner.losses import LOSSES
+from learner.stage import LearnerStage, ReportSink
+from learner.trainer import Trainer
+from pipeline.config import RunConfig
+from pipeline.stage import Stage, build_stage
+from stages import envs
+from stages.envs import EnvSuite, Task
+from stages.gate_stage import GateStage
+from stages.policy import POLICIES, Policy
+
+
+def build_suite(cfg: RunConfig) -> EnvSuite:
+    return envs.build_suite(cfg.env.name, cfg.env.options, max_steps=cfg.env.max_steps)
+
+
+def build_backend(cfg: RunConfig, suite: EnvSuite, *, warm_start: bool = True) -> Policy:
+    """The configured policy backend in this process (`warm_start` False: its untrained weights, for a
+    process that loads the run's weights next: a resumed run, a learner or decoding child)."""
+    pretrain = cfg.pretrain if warm_start else msgspec.structs.replace(cfg.pretrain, enabled=False)
+    return POLICIES.get(cfg.policy.backend)(cfg.policy, pretrain, suite, seed=cfg.run.seed)
+
+
+def build_policy(cfg: RunConfig, suite: EnvSuite, *, warm_start: bool = True, workers: int | None = None) -> Policy:
+    """The run's policy: the backend, behind a pool of decoding processes when `policy.workers` (or
+    `workers`) > 1 (`pipeline/run/decoders.py`; each worker builds its backend with `build_backend`)."""
+    from .decoders import WorkerPoolPolicy  # the pool launches children: imported only when one is wanted
+
+    local = build_backend(cfg, suite, warm_start=warm_start)
+    workers = cfg.policy.workers if workers is None else workers
+    if workers <= 1:
+        return local
+    return WorkerPoolPolicy(local, cfg, workers=workers, weights=local.trainable().state_dict())
+
+
+def train_tasks(cfg: RunConfig, suite: EnvSuite) -> list[Task]:
+    """The tasks GRPO draws prompts from: the train split, its first `env.train_tasks` if set."""
+    train = list(suite.tasks("train"))
+    return train[: cfg.env.train_tasks] if cfg.env.train_tasks else train
+
+
+def build_allocator(cfg: RunConfig, train: list[Task]) -> Allocator:
+    context = AllocatorContext(tasks=train, group_size=cfg.rollout.group_size, batch_groups=cfg.learner.batch_groups,
+                               seed=cfg.run.seed)
+    return build_named_allocator(cfg.allocator.name, cfg.allocator.options, context)
+
+
+def build_trainer(cfg: RunConfig, model: Any, state: Mapping[str, Any] | None = None) -> Trainer:
+    """The trainer of `model` (a policy's `trainable()`); `state` (a checkpoint's or the parent's trainer
+    state) is loaded into it: its model weights first, since the KL reference copies the weights it starts with."""
+    if state is not None:
+        model.load_state_dict(state["model"])
+    trainer = Trainer(model, cfg.learner, LOSSES.get(cfg.learner.loss), temperature=cfg.policy.temperature,
+                      top_p=cfg.policy.top_p, seed=cfg.run.seed, total_updates=cfg.run.updates)
+    if state is not None:
+        trainer.load_state_dict(dict(state))
+    return trainer
+
+
+def build_gate(cfg: RunConfig) -> Gate:
+    """The configured gate, `gate.k` / `gate.tau` / `gate.checkpoints` folded into its options."""
+    return build_named_gate(cfg.gate.name, cfg.gate.gate_options())
+
+
+def build_gate_stage(cfg: RunConfig, counters: Mapping[str, Any] | None = None) -> GateStage:
+    """The gate stage of `[gate]`; `counters`: a resumed run's (its statistics go on from them)."""
+    stage = GateStage(build_gate(cfg), shadow=cfg.gate.shadow)
+    if counters is not None:
+        stage.load_counters(counters)
+    return stage
+
+
+def build_learner_stage(cfg: RunConfig, trainer: Trainer, reports: ReportSink, *, version: int, capture_state: bool,
+                        announced_on_socket: bool) -> LearnerStage:
+    return LearnerStage(trainer, cfg.learner, reports=reports, version=version, capture_state=capture_state,
+                        announced_on_socket=announced_on_socket)
+
+
+def build_observers(cfg: RunConfig) -> list[Stage]:
+    """The custom stages of `[[stages]]`, in order."""
+    return [build_stage(spec.target, spec.options, f"stages[{i}].options") for i, spec in enumerate(cfg.stages)]

@@ -1,0 +1,93 @@
+"""Every problem of a config at once: names that do not resolve, plugin options that do not decode, and what
+only building finds (`run.py check`, and the start of every run: exit 2 with the list).
+
+`load(path, overrides)` is `pipeline.config.load_config` with these checks added.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gates import GATES, check_gate
+from gates.allocators import check_allocator
+from learner.aggregation import AGGREGATIONS
+from learner.losses import LOSSES
+from learner.schedules import LR_SCHEDULES
+from pipeline.config import RunConfig, load_config
+from pipeline.plugins import option_problems
+from pipeline.stage import STAGES, build_stage
+from pipeline.trackers import tracker_problems
+from stages import envs
+from stages.policy import POLICIES
+
+from .build import build_gate, build_suite
+
+
+def name_checks(cfg: RunConfig) -> list[str]:
+    """Every configured name that does not resolve and every bad plugin option (env, policy, gate, allocator,
+    stages), for `load_config(extra_checks=...)`; `build_checks` then builds what it can once all are fine."""
+    problems = envs.check_suite(cfg.env.name, cfg.env.options)
+    policy_problems = POLICIES.check(cfg.policy.backend, "policy.backend")
+    if not policy_problems:  # a backend may validate its own section (`build.check`): vllm's install, model
+        policy_problems = getattr(POLICIES.get(cfg.policy.backend), "check", lambda _: [])(cfg.policy)
+    if not policy_problems:  # ... and its options (`build.check_options`)
+        check_policy = getattr(POLICIES.get(cfg.policy.backend), "check_options", lambda _: [])
+        policy_problems = [f"policy.options: {p}" for p in check_policy(cfg.policy)]
+    problems += policy_problems
+    gate_problems = GATES.check(cfg.gate.name, "gate.name")
+    if not gate_problems and cfg.gate.enabled and not cfg.gate.problems():  # (a bad gate.k / gate.tau is listed)
+        gate_problems = _gate_problems(cfg)
+    problems += gate_problems
+    problems += LOSSES.check(cfg.learner.loss, "learner.loss")
+    problems += AGGREGATIONS.check(cfg.learner.aggregation, "learner.aggregation")
+    problems += LR_SCHEDULES.check(cfg.learner.lr_schedule, "learner.lr_schedule")
+    problems += tracker_problems(cfg.run.trackers, cfg.trackers)
+    problems += [f"allocator: {p}" for p in check_allocator(cfg.allocator.name, cfg.allocator.options)]
+    for i, spec in enumerate(cfg.stages):
+        stage_problems = STAGES.check(spec.target, f"stages[{i}].target")
+        problems += stage_problems or option_problems(
+            STAGES.get(spec.target), spec.options, f"stages[{i}].options", f"stage {spec.target!r}"
+        )
+    return problems + (build_checks(cfg) if not problems else [])
+
+
+_BUILD_ERRORS = (TypeError, ValueError, LookupError, OSError, ImportError)
+
+
+def build_checks(cfg: RunConfig) -> list[str]:
+    """Build the environment suite and the custom stages (cheap constructors, no warm start) so what only
+    building finds (a missing games folder, a check across options) fails `run.py check` and the start of
+    `run.py` with exit 2, not a traceback after the warm start."""
+    problems: list[str] = []
+
+    def attempt(where: str, build: Any) -> None:
+        try:
+            build()
+        except _BUILD_ERRORS as exc:
+            problems.append(f"{where}: {exc}")
+
+    attempt("env", lambda: build_suite(cfg))
+    for i, spec in enumerate(cfg.stages):
+        attempt(f"stages[{i}]", lambda i=i, spec=spec: build_stage(spec.target, spec.options, f"stages[{i}].options"))
+    return problems
+
+
+def _gate_problems(cfg: RunConfig) -> list[str]:
+    """The gate's options decoded into its `Options` and the gate built; its first checkpoint must be reachable."""
+    problems = check_gate(cfg.gate.name, cfg.gate.gate_options())
+    if problems:
+        return problems
+    try:
+        gate = build_gate(cfg)
+    except _BUILD_ERRORS as exc:
+        return [f"gate.options: {exc}"]
+    first = min(getattr(gate, "checkpoints", None) or [0])
+    if first > cfg.env.max_steps:
+        return [f"gate.k ({first}) is beyond env.max_steps ({cfg.env.max_steps}): the gate could never fire"]
+    return []
+
+
+def load(path: str | Path | None, overrides: Sequence[str]) -> RunConfig:
+    return load_config(path, overrides, extra_checks=[name_checks])

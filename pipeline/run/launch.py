@@ -1,0 +1,155 @@
+"""The one way a part of the run starts in another process: the gate stage, the learner stage and each
+decoding worker go through `launch`, and every child runs `main` here.
+
+The parent writes what the child needs (`ChildSpec`: its role, the run's config as msgspec encodes it, the
+addresses, the run's secret, the learner's trainer state) to a private file (0600 in a 0700 folder, read and
+deleted by the child: the secret never appears on a command line, and nothing is unpickled), starts
+`python -m pipeline.run.launch ROLE FILE` (the role shows in `ps`) and hands back a `Child`:
+
+* ready: the child says so with `StageReady` on the socket its role reports on; the parent's reader of that
+  socket calls `Child.ready.set()`, and `launch` returns to its `nursery.start` only then;
+* stop: cancelling `launch` stops the child (SIGTERM, then SIGKILL after 5 s) and waits for it;
+* death: a child that exits by itself sets `Child.ended` and fails the run with `ChildExited` naming it;
+* orphans: a child watches its parent and exits when the parent is gone.
+
+The child's role (`ROLES`) names the function that serves it; the roles live with their parent side
+(`placement.py`: gate and learner, `decoders.py`: decoding workers) and build what they serve with
+`build.py`, from the config they were given.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+
+from pipeline.config import RunConfig, TransportSection
+from pipeline.stage import StageFailed
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLES = {
+    "gate": "pipeline.run.placement:serve_gate",
+    "learner": "pipeline.run.placement:serve_learner",
+    "decoder": "pipeline.run.decoders:serve_decoder",
+}
+"""A child's role -> the `async def serve(spec)` that runs it (imported in the child only)."""
+
+
+class ChildSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything a launched child is given (msgpack, in its private file)."""
+
+    role: str
+    config: RunConfig
+    addresses: TransportSection
+    """The phase's addresses (`placement.addresses`); a decoder's are `inbox` / `outbox`."""
+    parent: int
+    """The parent's pid: the child exits when it is gone."""
+    sys_path: list[str]
+    """The parent's import path: plugins named `module:Class` import in the child too."""
+    secret: bytes = b""
+    """The run's secret (`pipeline.transport`): the child's sockets are sealed with it."""
+    run_dir: str = ""
+    index: int = 0
+    """Which decoding worker this is."""
+    inbox: str = ""
+    outbox: str = ""
+    """A decoding worker's request PULL and reply PUSH addresses."""
+    version: int = 0
+    trainer_state: bytes = b""
+    """The learner's trainer state (warm start or checkpoint) packed by `pipeline.tensors`, and its version."""
+    capture_state: bool = False
+    """The learner puts its trainer state in every report (the run writes checkpoints)."""
+    gate_counters: dict[str, Any] | None = None
+    """A resumed run's gate counters."""
+
+
+class ChildExited(StageFailed):
+    """A launched child exited while the run needed it."""
+
+
+@dataclass(eq=False)
+class Child:
+    """A launched child as the parent holds it."""
+
+    stage: str
+    """The stage it serves, for the profile and for failures ("gate", "learner", "policy")."""
+    what: str
+    """How a failure names it ("its process", "decoding worker 2")."""
+    ready: trio.Event = field(default_factory=trio.Event)
+    ended: trio.Event = field(default_factory=trio.Event)
+    pid: int | None = None
+
+
+async def launch(child: Child, spec: ChildSpec, *, env: dict[str, str] | None = None,
+                 task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run `spec` in a child process until cancelled; started once `child.ready` is set."""
+    with tempfile.TemporaryDirectory(prefix=f"rollcut-{spec.role}-") as folder:  # 0700: the spec stays private
+        path = Path(folder) / "spec.msgpack"
+        write_private(path, msgspec.msgpack.encode(spec))
+        command = [sys.executable, "-m", "pipeline.run.launch", spec.role, str(path)]
+        environment = os.environ | (env or {}) | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        async with trio.open_nursery() as nursery:
+            process = await nursery.start(partial(trio.run_process, command, check=False, cwd=ROOT, env=environment))
+            child.pid = process.pid
+            nursery.start_soon(_fail_on_exit, child, process)
+            await child.ready.wait()
+            task_status.started()
+
+
+async def _fail_on_exit(child: Child, process: trio.Process) -> None:
+    await process.wait()
+    child.ended.set()
+    raise ChildExited(child.stage, f"{child.what} exited with code {process.returncode} (its stderr is above)")
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a file only its owner can read, from the start (it holds the run's secret)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+# --------------------------------------------------------------------------------------------------
+# The child's side
+
+
+async def watch_parent(parent: int, cancel: trio.CancelScope) -> None:
+    """Polls: the death of another process has no event to wait on here."""
+    while os.getppid() == parent:  # noqa: ASYNC110
+        await trio.sleep(1.0)
+    cancel.cancel()
+
+
+async def _serve(spec: ChildSpec) -> None:
+    module, _, name = ROLES[spec.role].partition(":")
+    serve = getattr(importlib.import_module(module), name)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_parent, spec.parent, nursery.cancel_scope)
+        await serve(spec)
+        nursery.cancel_scope.cancel()
+
+
+def main() -> None:
+    """`python -m pipeline.run.launch ROLE SPEC_FILE`: started by `launch`, not by hand."""
+    from pipeline.rundir import configure_logging
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
+    path = Path(sys.argv[2])
+    spec = msgspec.msgpack.decode(path.read_bytes(), type=ChildSpec)  # typed decoding: nothing here runs code
+    path.unlink()  # it holds the run's secret
+    sys.path[:] = [*spec.sys_path, *(p for p in sys.path if p not in spec.sys_path)]
+    configure_logging(None)
+    trio.run(_serve, spec)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,417 @@
+"""Where the gate and learner stages run, behind one handle each: the phase asks for "the gate" and "the
+learner" and never branches on where they are. `place_stages` is the only place that looks at
+`transport.mode`: "threads" (the default) runs them in this process, "processes" launches each in a child
+of its own (`launch.py`), running the same stage code, built by `build.py` from the one config.
+
+Across processes:
+
+* the learner child builds its trainer from the config and the parent's trainer state (warm start or
+  checkpoint), binds the results PULL, and sends `LearnerUpdated` (weights and, for checkpoints, the trainer
+  state, packed by `pipeline.tensors`: no pickle) and `LearnerDropped` to the parent's reports PULL; the
+  phase loads the weights into the policy. Each training group is announced with `GroupExpected` on the
+  results socket, just before the group. The parent takes a `LearnerUpdated` only as the next version
+  (last + 1) and drops anything else it cannot have sent (an unknown stage, a second `StageReady`, a weights
+  blob that does not unpack).
+* the gate child runs the gate stage (steps PULL, control PUSH) and sends a `GateReport` (statistics and
+  checkpoint counters) at most every `REPORT_EVERY_S`. Told to stop (SIGTERM, when the phase ends), it settles
+  its shadow labels and sends a final `GateReport`, and the parent reads the reports socket until that one
+  arrives (at most `FINAL_REPORT_WAIT_S`): the summary shows it.
+* each says `StageReady` once its sockets are open (`launch.py`'s handshake); the phase admits groups after.
+* every socket is sealed with the run's secret; a child reports the frames its own sockets dropped
+  (`FramesDropped`, at most every `REPORT_EVERY_S`) so that the run's `dropped_frames` counts them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Protocol
+
+import msgspec
+import torch
+import trio
+
+from learner.trainer import Trainer
+from pipeline import tensors
+from pipeline.config import RunConfig, TransportSection
+from pipeline.counters import GroupsConsumed, LearnerReport
+from pipeline.messages import (
+    FramesDropped,
+    GateReport,
+    GroupExpected,
+    GroupResult,
+    LearnerDropped,
+    LearnerUpdated,
+    ReportStream,
+    StageReady,
+)
+from pipeline.profiling import Profiler
+from pipeline.stage import StageContext
+from pipeline.transport import Context, open_context
+from stages.gate_stage import GateStage
+from stages.rollout import GateIdentity
+
+from .build import build_backend, build_gate_stage, build_learner_stage, build_suite, build_trainer
+from .launch import Child, ChildSpec, launch
+from .runtime import AnnouncedSender
+
+REPORT_EVERY_S = 0.5
+FINAL_REPORT_WAIT_S = 5.0
+"""How long the parent reads for the gate's final report once the phase ended: `trio.run_process` kills a
+child that has not exited 5 s after SIGTERM, so nothing can come later."""
+_ADDRESSES = ("steps", "control", "results", "events", "reports")
+
+
+@contextlib.asynccontextmanager
+async def addresses(cfg: RunConfig) -> AsyncIterator[TransportSection]:
+    """The phase's addresses: as configured, or (processes mode) inproc ones as ipc files in a private folder."""
+    t = cfg.transport
+    if t.mode != "processes" or not any(getattr(t, k).startswith("inproc://") for k in _ADDRESSES):
+        yield t
+        return
+    with tempfile.TemporaryDirectory(prefix="rollcut-") as folder:  # mode 0700: only this user reaches the files
+        moved = {k: f"ipc://{folder}/{k}" for k in _ADDRESSES if getattr(t, k).startswith("inproc://")}
+        yield msgspec.structs.replace(t, **moved)
+
+
+def _to_bytes(state: Mapping[str, Any] | None) -> bytes:
+    return b"" if state is None else tensors.pack(dict(state))
+
+
+def _from_bytes(blob: bytes) -> Any:
+    """A packed tree, or None (empty). Raises `tensors.WireError`: nothing here runs what a frame names."""
+    return tensors.unpack(blob) if blob else None
+
+
+class GateHandle(Protocol):
+    """The gate stage as the phase sees it, wherever it runs (`GateStage` in this process, `GateChild`)."""
+
+    async def run(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None: ...
+
+    def identity(self) -> GateIdentity | None:
+        """Whose cut decisions the rollout stage accepts (known once the stage is running)."""
+        ...
+
+    def statistics(self) -> Mapping[str, float | None]: ...
+
+    def counters_state(self) -> dict[str, Any] | None: ...
+
+    def load_counters(self, state: Mapping[str, Any]) -> None:
+        """A resumed run's gate counters (before `run`)."""
+        ...
+
+    def finish(self) -> None:
+        """The phase ended: settle pending shadow labels."""
+        ...
+
+
+class LearnerHandle(Protocol):
+    """The learner stage as the phase sees it, wherever it runs."""
+
+    version: int
+    """The version the learner's weights are when the phase starts (a resumed run's last update)."""
+
+    async def run(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None: ...
+
+    def training_sink(self, channel: trio.MemorySendChannel[Any]) -> Any:
+        """Where the group lifecycle sends training groups (each announced to the learner first)."""
+        ...
+
+
+@dataclass
+class PhaseStages:
+    """The gate and learner of one phase, and the learner's reports (`LearnerReport` / `GroupsConsumed`)."""
+
+    gate: GateHandle | None
+    learner: LearnerHandle
+    reports: trio.MemoryReceiveChannel[Any]
+    receive_reports: Any
+    """`await nursery.start(receive_reports, ctx)`: reads the children's reports (nothing to read in-process).
+    Start it before the stages, in the same nursery: cancelled when the phase ends together with the gate's
+    launcher, which sends the gate SIGTERM; the gate answers with its final statistics, read on (shielded, at
+    most `FINAL_REPORT_WAIT_S`) until they arrive."""
+
+
+def place_stages(cfg: RunConfig, trainer: Trainer, *, capture_state: bool, secret: bytes = b"") -> PhaseStages:
+    """The phase's gate (None without `[gate]`) and learner, where `transport.mode` puts them."""
+    reports_in, reports = trio.open_memory_channel[Any](8)
+    if cfg.transport.mode != "processes":
+        gate = build_gate_stage(cfg) if cfg.gate.enabled else None
+        learner = _LocalLearner(build_learner_stage(cfg, trainer, reports_in, version=0, capture_state=capture_state,
+                                                    announced_on_socket=False))
+        return PhaseStages(gate, learner, reports, _nothing_to_read)
+    children = _ChildReports(reports_in)
+    gate_child = GateChild(cfg, secret, children) if cfg.gate.enabled else None
+    learner_child = LearnerChild(cfg, trainer, secret, children, capture_state=capture_state)
+    children.gate, children.learner = gate_child, learner_child
+    return PhaseStages(gate_child, learner_child, reports, children.receive)
+
+
+async def _nothing_to_read(ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    task_status.started()
+
+
+class _LocalLearner:
+    def __init__(self, stage: Any) -> None:
+        self.stage = stage
+
+    @property
+    def version(self) -> int:
+        return self.stage.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.stage.version = value
+
+    async def run(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        await self.stage.run(ctx, task_status=task_status)
+
+    def training_sink(self, channel: trio.MemorySendChannel[Any]) -> Any:
+        return AnnouncedSender(self.stage.expect, channel)
+
+
+def _spec(cfg: RunConfig, role: str, addresses: TransportSection, run_dir: Path, secret: bytes, **fields: Any) -> ChildSpec:
+    return ChildSpec(role=role, config=cfg, addresses=addresses, parent=os.getpid(), sys_path=list(sys.path), secret=secret,
+                     run_dir=str(run_dir), **fields)
+
+
+class GateChild:
+    """The gate stage in a child process, as the phase reads it: the last `GateReport` it sent."""
+
+    def __init__(self, cfg: RunConfig, secret: bytes, children: _ChildReports) -> None:
+        self._cfg, self._secret, self._children = cfg, secret, children
+        self.child = Child("gate", "its process")
+        self._identity: GateIdentity | None = None
+        self._statistics: dict[str, float | None] = {}
+        self._counters: dict[str, Any] | None = None
+
+    async def run(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        spec = _spec(self._cfg, "gate", ctx.addresses, ctx.run_dir, self._secret, gate_counters=self._counters)
+        await launch(self.child, spec, task_status=task_status)
+
+    def identity(self) -> GateIdentity | None:
+        return self._identity
+
+    def statistics(self) -> Mapping[str, float | None]:
+        return MappingProxyType(self._statistics)  # read-only: the record of one report
+
+    def counters_state(self) -> dict[str, Any] | None:
+        return self._counters
+
+    def load_counters(self, state: Mapping[str, Any]) -> None:
+        self._counters = dict(state)  # handed to the child as it starts
+
+    def finish(self) -> None:
+        """Pending shadow labels are settled in the gate's process (nothing to do here)."""
+
+    def took_ready(self, message: StageReady) -> None:
+        self._identity = GateIdentity(message.gate, message.shadow)
+
+    def took_report(self, message: GateReport) -> None:
+        self._statistics, self._counters = message.statistics, message.counters
+
+
+class LearnerChild:
+    """The learner stage in a child process: it gets the parent trainer's state as it starts."""
+
+    def __init__(self, cfg: RunConfig, trainer: Trainer, secret: bytes, children: _ChildReports, *, capture_state: bool) -> None:
+        self._cfg, self._trainer, self._secret, self._children = cfg, trainer, secret, children
+        self._capture_state = capture_state
+        self.child = Child("learner", "its process")
+        self.version = 0
+
+    async def run(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        self._children.learner_version = self.version
+        spec = _spec(self._cfg, "learner", ctx.addresses, ctx.run_dir, self._secret, version=self.version,
+                     trainer_state=_to_bytes(self._trainer.state_dict()), capture_state=self._capture_state)
+        await launch(self.child, spec, task_status=task_status)
+
+    def training_sink(self, channel: trio.MemorySendChannel[Any]) -> Any:
+        return _SocketAnnouncer(channel)
+
+
+class _SocketAnnouncer:
+    def __init__(self, channel: trio.MemorySendChannel[Any]) -> None:
+        self._channel = channel
+
+    async def send(self, group: GroupResult) -> None:
+        await self._channel.send(GroupExpected(group_id=group.group_id))
+        await self._channel.send(group)
+
+
+class _ChildReports:
+    """The reports PULL of a phase whose stages run in children: readiness, gate reports, learner reports."""
+
+    def __init__(self, reports: trio.MemorySendChannel[Any]) -> None:
+        self._reports = reports
+        self.gate: GateChild | None = None
+        self.learner: LearnerChild | None = None
+        self.learner_version = 0
+        """The last version the learner reported (a report is taken only as the next one)."""
+
+    def _children(self) -> dict[str, Child]:
+        return {h.child.stage: h.child for h in (self.gate, self.learner) if h is not None}
+
+    async def receive(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        t = ctx.addresses
+        pull = ctx.zmq.socket("pull", t.reports, bind=True, receives=ReportStream, hwm=t.hwm, name="reports")
+        async with pull, self._reports:
+            task_status.started()
+            try:
+                async for message in pull:
+                    await self._take(message, pull, ctx.zmq)
+            finally:
+                if self._final_gate_report_due():
+                    with trio.move_on_after(FINAL_REPORT_WAIT_S, shield=True):
+                        await self._read_final_gate_report(pull, ctx.zmq)
+
+    def _final_gate_report_due(self) -> bool:
+        """A gate child that said ready and still runs answers its stop with a final report."""
+        return self.gate is not None and self.gate.child.ready.is_set() and not self.gate.child.ended.is_set()
+
+    async def _read_final_gate_report(self, pull: Any, zmq: Context) -> None:
+        """Read to the gate's final report; a learner's report now comes after the last update: not counted."""
+        assert self.gate is not None
+        async for message in pull:
+            if isinstance(message, FramesDropped) and message.stage in self._children():
+                zmq.record_remote_drops(message.stage, message.counts)
+            elif isinstance(message, GateReport):
+                self.gate.took_report(message)
+                if message.final:
+                    return
+
+    async def _take(self, message: ReportStream, pull: Any, zmq: Context) -> None:
+        children = self._children()
+        match message:
+            case StageReady(stage=stage):
+                if stage not in children or children[stage].ready.is_set():
+                    pull.drop("unexpected_ready", f"StageReady of {stage!r}")
+                    return
+                if stage == "gate" and self.gate is not None:
+                    self.gate.took_ready(message)
+                children[stage].ready.set()
+            case GateReport() if self.gate is not None:
+                self.gate.took_report(message)
+            case FramesDropped(stage=stage, counts=counts) if stage in children:
+                zmq.record_remote_drops(stage, counts)
+            case LearnerDropped(zero_variance=zv, cut=cut):
+                await self._reports.send(GroupsConsumed(zero_variance=zv, cut=cut))
+            case LearnerUpdated():
+                report = self._learner_report(message, pull)
+                if report is not None:
+                    await self._reports.send(report)
+            case _:
+                pull.drop("unexpected_report", type(message).__name__)
+
+    def _learner_report(self, message: LearnerUpdated, pull: Any) -> LearnerReport | None:
+        """The report of the next update (last + 1) whose tensors unpack; None (dropped, counted) otherwise."""
+        if message.version != self.learner_version + 1:
+            pull.drop("version_out_of_order", f"version {message.version} after {self.learner_version}")
+            return None
+        try:
+            weights, state = tensors.unpack_weights(message.weights), _from_bytes(message.trainer_state)
+        except tensors.WireError as exc:
+            pull.drop("bad_tensors", f"version {message.version}: {exc}")
+            return None
+        self.learner_version = message.version
+        return LearnerReport(version=message.version, stats=message.stats, train_seconds=message.train_seconds,
+                             weights=weights, trainer_state=state, groups_trained=message.groups_trained)
+
+
+# --------------------------------------------------------------------------------------------------
+# The children's side (roles of `launch.py`)
+
+
+@contextlib.asynccontextmanager
+async def _child_context(stage: str, spec: ChildSpec) -> AsyncIterator[tuple[Context, Any, trio.Nursery, StageContext]]:
+    """A child's zmq context (sealed with the run's secret), its reports PUSH, a nursery that also reports the
+    frames this process's sockets drop, and the stage context."""
+    t = spec.addresses
+    async with open_context(t.curve_dir, secret=spec.secret) as zmq, trio.open_nursery() as nursery:
+        reports = zmq.socket("push", t.reports, bind=False, hwm=t.hwm)
+        async with reports:
+            nursery.start_soon(_report_drops, stage, zmq, reports)
+            ctx = StageContext(zmq=zmq, addresses=t, run_dir=Path(spec.run_dir), profiler=Profiler(enabled=False))
+            yield zmq, reports, nursery, ctx
+        nursery.cancel_scope.cancel()
+
+
+async def _report_drops(stage: str, zmq: Context, reports: Any) -> None:
+    """A `FramesDropped` at most every REPORT_EVERY_S, when this process's sockets dropped more frames."""
+    last: dict[str, dict[str, int]] = {}
+    while True:
+        await trio.sleep(REPORT_EVERY_S)
+        last = await _send_drops(stage, zmq, reports, last)
+
+
+async def _send_drops(stage: str, zmq: Context, reports: Any, last: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    counts = zmq.dropped_frames()
+    if counts != last:
+        await reports.send(FramesDropped(stage=stage, counts=counts))
+    return counts
+
+
+class _WireReports:
+    """The learner's report sink across processes: each report encoded on the reports socket."""
+
+    def __init__(self, socket: Any) -> None:
+        self._socket = socket
+
+    async def send(self, message: LearnerReport | GroupsConsumed) -> None:
+        if isinstance(message, GroupsConsumed):
+            await self._socket.send(LearnerDropped(zero_variance=message.zero_variance, cut=message.cut))
+            return
+        await self._socket.send(LearnerUpdated(
+            version=message.version, stats=dict(message.stats), train_seconds=message.train_seconds,
+            groups_trained=message.groups_trained, weights=_to_bytes(message.weights),
+            trainer_state=_to_bytes(message.trainer_state)))
+
+
+async def serve_learner(spec: ChildSpec) -> None:
+    cfg = spec.config
+    torch.set_num_threads(cfg.learner.torch_threads)
+    model = build_backend(cfg, build_suite(cfg), warm_start=False).trainable()  # only its trainable model is used
+    trainer = build_trainer(cfg, model, _from_bytes(spec.trainer_state))
+    async with _child_context("learner", spec) as (_zmq, reports, nursery, ctx):
+        learner = build_learner_stage(cfg, trainer, _WireReports(reports), version=spec.version,
+                                      capture_state=spec.capture_state, announced_on_socket=True)
+        await nursery.start(learner.run, ctx)
+        await reports.send(StageReady(stage="learner"))
+        await trio.sleep_forever()
+
+
+async def serve_gate(spec: ChildSpec) -> None:
+    gate = build_gate_stage(spec.config, spec.gate_counters)
+    async with _child_context("gate", spec) as (zmq, reports, _nursery, ctx):
+        # The parent stops this process with SIGTERM when the phase ends; the statistics since the last
+        # periodic report (all of them, in a phase shorter than REPORT_EVERY_S) would die with it.
+        with trio.open_signal_receiver(signal.SIGTERM) as stop_requests:  # before ready: every stop is answered
+            async with trio.open_nursery() as serving:
+                await serving.start(gate.run, ctx)
+                await reports.send(StageReady(stage="gate", gate=gate.gate.name, shadow=gate.shadow))
+                serving.start_soon(_report_changes, gate, reports)
+                async for _ in stop_requests:
+                    break
+                serving.cancel_scope.cancel()  # the step stream ends here, as the in-process gate's does
+        gate.finish()  # settle pending shadow labels, as the phase does for a gate in its process
+        await _send_drops("gate", zmq, reports, {})  # before the final report: the parent reads to that one
+        await reports.send(GateReport(statistics=dict(gate.statistics()), counters=gate.counters_state(), final=True))
+        # leaving the context closes the socket with its linger and ctx.term() flushes this last frame
+
+
+async def _report_changes(gate: GateStage, reports: Any) -> None:
+    """A `GateReport` at most every REPORT_EVERY_S, when the statistics changed (the metrics rows read it)."""
+    last: dict[str, Any] = {}
+    while True:
+        await trio.sleep(REPORT_EVERY_S)
+        stats = dict(gate.statistics())
+        if stats != last:
+            await reports.send(GateReport(statistics=stats, counters=gate.counters_state()))
+            last = stats
