@@ -28,11 +28,8 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, as the other benches
 
-from gates.allocators import AllocatorContext, build_allocator  # noqa: E402
-from learner.losses import LOSSES  # noqa: E402
-from learner.trainer import Trainer  # noqa: E402
 from pipeline.profiling import Profiler  # noqa: E402
-from pipeline.run.build import build_policy, build_suite  # noqa: E402
+from pipeline.run.build import build_allocator, build_policy, build_suite, build_trainer  # noqa: E402
 from pipeline.run.checks import load  # noqa: E402
 from pipeline.run.grpo import run_grpo  # noqa: E402
 from pipeline.rundir import MetricsWriter, configure_logging  # noqa: E402
@@ -70,11 +67,8 @@ async def bare_loop(policy, suite, tasks, slots: int, seconds: float) -> float:
 async def pipeline_run(cfg, policy, suite, tasks, run_dir: Path, *, profile: bool = False):
     """The GRPO phase on `policy` for `cfg.run.max_wall_s`. `profile`: profile it as a run does (`[profile]`:
     GPU stages, CPU and NVML sampling) and write profile.json / profile_table.json / profile.png in `run_dir`."""
-    allocator = build_allocator(
-        cfg.allocator.name, cfg.allocator.options,
-        AllocatorContext(tasks=tasks, group_size=cfg.rollout.group_size, batch_groups=cfg.learner.batch_groups, seed=cfg.run.seed),
-    )
-    trainer = Trainer(policy.trainable(), cfg.learner, LOSSES.get(cfg.learner.loss))
+    allocator = build_allocator(cfg, list(tasks))
+    trainer = build_trainer(cfg, policy.trainable())
     metrics = MetricsWriter(run_dir)
     profiler = (Profiler.from_config(cfg.profile, thread_cpu=cfg.profile.thread_cpu, gpu_stages=cfg.profile.gpu_stages)
                 if profile else Profiler(enabled=True))

@@ -29,11 +29,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from learner.losses import LOSSES  # noqa: E402
 from learner.trainer import Trainer  # noqa: E402
 from pipeline.messages import GroupResult, Trajectory, TrajectoryStatus, Turn  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
-from pipeline.run.build import build_policy, build_suite  # noqa: E402
+from pipeline.run.build import build_policy, build_suite, build_trainer  # noqa: E402
 from pipeline.run.checks import load  # noqa: E402
 from stages.lockstep import play_lockstep  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
@@ -103,13 +102,11 @@ def main(args: argparse.Namespace) -> None:
         sys.exit("bench_skip_confident: no mixed group among the rollouts; play more --groups")
     model = policy.model.requires_grad_(True)
     weights = copy.deepcopy(model.state_dict())
-    loss = LOSSES.get(cfg.learner.loss)
     arms = {"every turn": 0.0, f"skip p >= {args.p}": args.p}
 
     def trainer(skip: float) -> Trainer:
         model.load_state_dict(weights)
-        return Trainer(model, msgspec.structs.replace(cfg.learner, skip_confident=skip), loss,
-                       temperature=policy.sampling.temperature, top_p=policy.sampling.top_p, seed=cfg.run.seed)
+        return build_trainer(msgspec.structs.replace(cfg, learner=msgspec.structs.replace(cfg.learner, skip_confident=skip)), model)
 
     best = dict.fromkeys(arms, float("inf"))
     skipped = 0.0
