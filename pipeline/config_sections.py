@@ -96,7 +96,7 @@ class PolicySection(_Section):
     max_batch: int = 64
     """Most act() requests decoded together."""
     workers: int = 1
-    """Decoding worker processes (`pipeline/run/decoders.py`); 1 = decode in a thread of this process.
+    """Decoding worker processes (`pipeline/run/decoding_pool.py`); 1 = decode in a thread of this process.
     On 2 cores use 2: the default run made 186 env-steps/s with 2 workers against 111 with 1 (GRPO phase
     177 s against 314 s, same seed, one after the other; docs/architecture.md)."""
     max_wait_ms: float = 2.0

@@ -29,6 +29,8 @@ from stages.envs import EnvSuite, Task
 from stages.gate_stage import GateStage
 from stages.policy import POLICIES, Policy
 
+from .decoding_pool import WorkerPoolPolicy
+
 
 def build_suite(cfg: RunConfig) -> EnvSuite:
     return envs.build_suite(cfg.env.name, cfg.env.options, max_steps=cfg.env.max_steps)
@@ -43,9 +45,7 @@ def build_backend(cfg: RunConfig, suite: EnvSuite, *, warm_start: bool = True) -
 
 def build_policy(cfg: RunConfig, suite: EnvSuite, *, warm_start: bool = True, workers: int | None = None) -> Policy:
     """The run's policy: the backend, behind a pool of decoding processes when `policy.workers` (or
-    `workers`) > 1 (`pipeline/run/decoders.py`; each worker builds its backend with `build_backend`)."""
-    from .decoders import WorkerPoolPolicy  # the pool launches children: imported only when one is wanted
-
+    `workers`) > 1 (`decoding_pool.py`; each worker builds its backend with `build_backend`: `decoding_worker.py`)."""
     local = build_backend(cfg, suite, warm_start=warm_start)
     workers = cfg.policy.workers if workers is None else workers
     if workers <= 1:

@@ -60,7 +60,7 @@ class Policy(Protocol):
         """Generate one action. Cancelling the caller drops the request without disturbing the batch.
 
         `number` (default: the next in call order) names the request's random stream; a decoding worker
-        process (`pipeline/run/decoders.py`) passes the number its pool assigned, so results do not depend on
+        process (`pipeline/run/decoding_pool.py`) passes the number its pool assigned, so results do not depend on
         which process answers. A backend that samples from a shared stream may ignore it."""
         ...
 

@@ -52,7 +52,6 @@ from pipeline.profiling import Profiler
 from pipeline.transport import Context, new_secret, open_context
 from stages.policy.base import ActResult, AgentContext, Policy, TrainableModel
 
-from .build import build_backend, build_suite
 from .launch import Child, ChildSpec, launch
 
 log = structlog.get_logger(__name__)
@@ -259,65 +258,3 @@ class WorkerPoolPolicy:
                         self._stats["generated_tokens"] += len(message.token_ids)
                 case StageReady(stage="decoder", worker=worker) if 0 <= worker < len(self._children):
                     self._children[worker].ready.set()
-
-
-# --------------------------------------------------------------------------------------------------
-# The worker's side
-
-
-async def _answer(policy: Policy, request: ActRequest, index: int, scope: trio.CancelScope,
-                  replies: trio.MemorySendChannel[WorkerOutbox]) -> None:
-    context = AgentContext(request.task, request.observation, tuple(request.admissible), tuple(map(tuple, request.history)))
-    with scope:
-        try:
-            result = await policy.act(context, greedy=request.greedy, number=request.number)
-        except Exception as exc:  # the caller's trajectory fails, the worker goes on (Cancelled is not caught)
-            await replies.send(ActReply(request_id=request.request_id, worker=index, error=f"{type(exc).__name__}: {exc}"))
-            return
-        await replies.send(ActReply(
-            request_id=request.request_id, worker=index, action=result.action, text=result.text,
-            prompt_ids=result.prompt_ids, token_ids=result.token_ids, logprobs=result.logprobs,
-            policy_version=result.policy_version, choices=result.choices, nucleus=result.nucleus,
-        ))
-
-
-async def serve_decoder(spec: ChildSpec) -> None:
-    """A decoding worker (role "decoder" of `launch.py`): builds the backend (its weights arrive first as
-    `LoadWeights` from the pool, so no warm start runs here), serves `ActRequest`s from its inbox (PULL,
-    connected) as concurrent `act()` calls that the backend batches, and pushes `ActReply`s to the pool's
-    outbox. An `AbandonRequest` cancels the waiting call."""
-    cfg = spec.config
-    policy = build_backend(cfg, build_suite(cfg), warm_start=False)
-    replies, outgoing = trio.open_memory_channel[WorkerOutbox](4096)
-    scopes: dict[int, trio.CancelScope] = {}
-    async with open_context(secret=spec.secret) as zmq, trio.open_nursery() as nursery:
-        inbox = zmq.socket("pull", spec.inbox, bind=False, receives=WorkerInbox)
-        outbox = zmq.socket("push", spec.outbox, bind=False)
-        await nursery.start(policy.serve)
-
-        async def send_replies() -> None:
-            async with outbox, outgoing:
-                async for message in outgoing:
-                    await outbox.send(message)
-
-        nursery.start_soon(send_replies)
-        await replies.send(StageReady(stage="decoder", worker=spec.index))
-        async with inbox:
-            async for message in inbox:
-                match message:
-                    case ActRequest(request_id=rid):
-                        scope = scopes[rid] = trio.CancelScope()
-                        nursery.start_soon(_finish, policy, message, spec.index, scope, replies, scopes)
-                    case AbandonRequest(request_id=rid):
-                        if (scope := scopes.pop(rid, None)) is not None:
-                            scope.cancel()
-                    case LoadWeights(version=version, weights=blob):
-                        policy.load_weights(version, deserialise_weights(blob))
-
-
-async def _finish(policy: Policy, request: ActRequest, index: int, scope: trio.CancelScope,
-                  replies: trio.MemorySendChannel[WorkerOutbox], scopes: dict[int, trio.CancelScope]) -> None:
-    try:
-        await _answer(policy, request, index, scope, replies)
-    finally:
-        scopes.pop(request.request_id, None)

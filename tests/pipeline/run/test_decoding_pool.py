@@ -13,7 +13,7 @@ import trio
 from pipeline.profiling import Profiler
 from pipeline.run.build import build_policy, build_suite
 from pipeline.run.checks import load
-from pipeline.run.decoders import WorkerPoolPolicy
+from pipeline.run.decoding_pool import WorkerPoolPolicy
 from pipeline.run.launch import ChildExited
 from stages.policy.base import AgentContext
 
