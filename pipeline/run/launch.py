@@ -13,7 +13,7 @@ deleted by the child: the secret never appears on a command line, and nothing is
 * orphans: a child watches its parent and exits when the parent is gone.
 
 The child's role (`ROLES`) names the function that serves it; the roles live with their parent side
-(`placement.py`: gate and learner, `decoding_worker.py`: a decoding worker) and build what they serve with
+(`stage_children.py`: gate and learner, `decoding_worker.py`: a decoding worker) and build what they serve with
 `build.py`, from the config they were given.
 """
 
@@ -37,8 +37,8 @@ from pipeline.stage import StageFailed
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = {
-    "gate": "pipeline.run.placement:serve_gate",
-    "learner": "pipeline.run.placement:serve_learner",
+    "gate": "pipeline.run.stage_children:serve_gate",
+    "learner": "pipeline.run.stage_children:serve_learner",
     "decoder": "pipeline.run.decoding_worker:serve_decoder",
 }
 """A child's role -> the `async def serve(spec)` that runs it (imported in the child only)."""

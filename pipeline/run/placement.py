@@ -1,7 +1,7 @@
 """Where the gate and learner stages run, behind one handle each: the phase asks for "the gate" and "the
 learner" and never branches on where they are. `place_stages` is the only place that looks at
 `transport.mode`: "threads" (the default) runs them in this process, "processes" launches each in a child
-of its own (`launch.py`), running the same stage code, built by `build.py` from the one config.
+of its own (`launch.py`), running the same stage code (`stage_children.py`), built by `build.py` from the one config.
 
 Across processes:
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Mapping
@@ -35,7 +34,6 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 import msgspec
-import torch
 import trio
 
 from learner.trainer import Trainer
@@ -52,13 +50,11 @@ from pipeline.messages import (
     ReportStream,
     StageReady,
 )
-from pipeline.profiling import Profiler
 from pipeline.stage import StageContext
-from pipeline.transport import Context, open_context
-from stages.gate_stage import GateStage
+from pipeline.transport import Context
 from stages.rollout import GateIdentity
 
-from .build import build_backend, build_gate_stage, build_learner_stage, build_suite, build_trainer
+from .build import build_gate_stage, build_learner_stage
 from .launch import Child, ChildSpec, launch
 from .runtime import AnnouncedSender
 
@@ -81,11 +77,11 @@ async def addresses(cfg: RunConfig) -> AsyncIterator[TransportSection]:
         yield msgspec.structs.replace(t, **moved)
 
 
-def _to_bytes(state: Mapping[str, Any] | None) -> bytes:
+def to_bytes(state: Mapping[str, Any] | None) -> bytes:
     return b"" if state is None else tensors.pack(dict(state))
 
 
-def _from_bytes(blob: bytes) -> Any:
+def from_bytes(blob: bytes) -> Any:
     """A packed tree, or None (empty). Raises `tensors.WireError`: nothing here runs what a frame names."""
     return tensors.unpack(blob) if blob else None
 
@@ -230,7 +226,7 @@ class LearnerChild:
     async def run(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         self._children.learner_version = self.version
         spec = _spec(self._cfg, "learner", ctx.addresses, ctx.run_dir, self._secret, version=self.version,
-                     trainer_state=_to_bytes(self._trainer.state_dict()), capture_state=self._capture_state)
+                     trainer_state=to_bytes(self._trainer.state_dict()), capture_state=self._capture_state)
         await launch(self.child, spec, task_status=task_status)
 
     def training_sink(self, channel: trio.MemorySendChannel[Any]) -> Any:
@@ -316,102 +312,10 @@ class _ChildReports:
             pull.drop("version_out_of_order", f"version {message.version} after {self.learner_version}")
             return None
         try:
-            weights, state = tensors.unpack_weights(message.weights), _from_bytes(message.trainer_state)
+            weights, state = tensors.unpack_weights(message.weights), from_bytes(message.trainer_state)
         except tensors.WireError as exc:
             pull.drop("bad_tensors", f"version {message.version}: {exc}")
             return None
         self.learner_version = message.version
         return LearnerReport(version=message.version, stats=message.stats, train_seconds=message.train_seconds,
                              weights=weights, trainer_state=state, groups_trained=message.groups_trained)
-
-
-# --------------------------------------------------------------------------------------------------
-# The children's side (roles of `launch.py`)
-
-
-@contextlib.asynccontextmanager
-async def _child_context(stage: str, spec: ChildSpec) -> AsyncIterator[tuple[Context, Any, trio.Nursery, StageContext]]:
-    """A child's zmq context (sealed with the run's secret), its reports PUSH, a nursery that also reports the
-    frames this process's sockets drop, and the stage context."""
-    t = spec.addresses
-    async with open_context(t.curve_dir, secret=spec.secret) as zmq, trio.open_nursery() as nursery:
-        reports = zmq.socket("push", t.reports, bind=False, hwm=t.hwm)
-        async with reports:
-            nursery.start_soon(_report_drops, stage, zmq, reports)
-            ctx = StageContext(zmq=zmq, addresses=t, run_dir=Path(spec.run_dir), profiler=Profiler(enabled=False))
-            yield zmq, reports, nursery, ctx
-        nursery.cancel_scope.cancel()
-
-
-async def _report_drops(stage: str, zmq: Context, reports: Any) -> None:
-    """A `FramesDropped` at most every REPORT_EVERY_S, when this process's sockets dropped more frames."""
-    last: dict[str, dict[str, int]] = {}
-    while True:
-        await trio.sleep(REPORT_EVERY_S)
-        last = await _send_drops(stage, zmq, reports, last)
-
-
-async def _send_drops(stage: str, zmq: Context, reports: Any, last: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
-    counts = zmq.dropped_frames()
-    if counts != last:
-        await reports.send(FramesDropped(stage=stage, counts=counts))
-    return counts
-
-
-class _WireReports:
-    """The learner's report sink across processes: each report encoded on the reports socket."""
-
-    def __init__(self, socket: Any) -> None:
-        self._socket = socket
-
-    async def send(self, message: LearnerReport | GroupsConsumed) -> None:
-        if isinstance(message, GroupsConsumed):
-            await self._socket.send(LearnerDropped(zero_variance=message.zero_variance, cut=message.cut))
-            return
-        await self._socket.send(LearnerUpdated(
-            version=message.version, stats=dict(message.stats), train_seconds=message.train_seconds,
-            groups_trained=message.groups_trained, weights=_to_bytes(message.weights),
-            trainer_state=_to_bytes(message.trainer_state)))
-
-
-async def serve_learner(spec: ChildSpec) -> None:
-    cfg = spec.config
-    torch.set_num_threads(cfg.learner.torch_threads)
-    model = build_backend(cfg, build_suite(cfg), warm_start=False).trainable()  # only its trainable model is used
-    trainer = build_trainer(cfg, model, _from_bytes(spec.trainer_state))
-    async with _child_context("learner", spec) as (_zmq, reports, nursery, ctx):
-        learner = build_learner_stage(cfg, trainer, _WireReports(reports), version=spec.version,
-                                      capture_state=spec.capture_state, announced_on_socket=True)
-        await nursery.start(learner.run, ctx)
-        await reports.send(StageReady(stage="learner"))
-        await trio.sleep_forever()
-
-
-async def serve_gate(spec: ChildSpec) -> None:
-    gate = build_gate_stage(spec.config, spec.gate_counters)
-    async with _child_context("gate", spec) as (zmq, reports, _nursery, ctx):
-        # The parent stops this process with SIGTERM when the phase ends; the statistics since the last
-        # periodic report (all of them, in a phase shorter than REPORT_EVERY_S) would die with it.
-        with trio.open_signal_receiver(signal.SIGTERM) as stop_requests:  # before ready: every stop is answered
-            async with trio.open_nursery() as serving:
-                await serving.start(gate.run, ctx)
-                await reports.send(StageReady(stage="gate", gate=gate.gate.name, shadow=gate.shadow))
-                serving.start_soon(_report_changes, gate, reports)
-                async for _ in stop_requests:
-                    break
-                serving.cancel_scope.cancel()  # the step stream ends here, as the in-process gate's does
-        gate.finish()  # settle pending shadow labels, as the phase does for a gate in its process
-        await _send_drops("gate", zmq, reports, {})  # before the final report: the parent reads to that one
-        await reports.send(GateReport(statistics=dict(gate.statistics()), counters=gate.counters_state(), final=True))
-        # leaving the context closes the socket with its linger and ctx.term() flushes this last frame
-
-
-async def _report_changes(gate: GateStage, reports: Any) -> None:
-    """A `GateReport` at most every REPORT_EVERY_S, when the statistics changed (the metrics rows read it)."""
-    last: dict[str, Any] = {}
-    while True:
-        await trio.sleep(REPORT_EVERY_S)
-        stats = dict(gate.statistics())
-        if stats != last:
-            await reports.send(GateReport(statistics=stats, counters=gate.counters_state()))
-            last = stats
