@@ -45,7 +45,7 @@ from stages.envs.household.engine import REQUIRED_STATE  # noqa: E402
 from stages.envs.household.expert import search_order  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
 from stages.policy.torch_tiny import TinyLM  # noqa: E402
-from stages.policy.torch_tiny._pretrain import Episode, rollout_lockstep  # noqa: E402
+from stages.policy.torch_tiny._pretrain import LabelledEpisode, rollout_lockstep  # noqa: E402
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +82,7 @@ def after_take(spec, actions: Sequence[str]) -> str:
     return "put it there, still lost"
 
 
-def classify(suite, episodes: Sequence[Episode]) -> tuple[int, Counter, list[int]]:
+def classify(suite, episodes: Sequence[LabelledEpisode]) -> tuple[int, Counter, list[int]]:
     """(episodes won, Counter of failure kinds, distinct receptacles gone to per lost episode)."""
     kinds: Counter = Counter()
     distinct: list[int] = []
@@ -120,7 +120,7 @@ def classify(suite, episodes: Sequence[Episode]) -> tuple[int, Counter, list[int
     return won, kinds, distinct
 
 
-def decisions(suite, fmt, episodes: Sequence[Episode]) -> tuple[list[Decision], list[Decision]]:
+def decisions(suite, fmt, episodes: Sequence[LabelledEpisode]) -> tuple[list[Decision], list[Decision]]:
     """The take-wrong and go-back states of `episodes` (see the module doc)."""
     take_wrong: list[Decision] = []
     go_back: list[Decision] = []

@@ -32,7 +32,10 @@ class GroupRunner(Protocol):
                         parent: int | None = None) -> GroupResult: ...
 
 
-class Allocator(AllocatorPolicy, Protocol):
+class LifecycleAllocator(AllocatorPolicy, Protocol):
+    """The part of `gates.allocators.Allocator` the lifecycle needs: admission's part (`AllocatorPolicy`),
+    and the post-rollout side (which finished groups train, and the learner's updates)."""
+
     def on_result(self, result: GroupResult) -> list[GroupResult]: ...
 
     def on_update(self, version: int) -> None: ...
@@ -46,7 +49,7 @@ class TrainingSink(Protocol):
 
 class GroupLifecycle:
     def __init__(
-        self, allocator: Allocator, slots: SlotPool, pacer: StalenessPacer, counters: PhaseCounters, *,
+        self, allocator: LifecycleAllocator, slots: SlotPool, pacer: StalenessPacer, counters: PhaseCounters, *,
         group_size: int, training: TrainingSink, events: trio.MemorySendChannel[AnyMessage],
     ) -> None:
         self.allocator = allocator

@@ -7,7 +7,7 @@ from stages.envs.household import HouseholdSuite
 from stages.envs.household.catalog import RECEPTACLE_KINDS
 from stages.envs.household.expert import search_order
 from stages.policy.torch_tiny import PromptFormat, WordTokenizer
-from stages.policy.torch_tiny._pretrain import Episode
+from stages.policy.torch_tiny._pretrain import LabelledEpisode
 
 from . import bench_module
 
@@ -36,7 +36,7 @@ def test_a_won_episode_is_won_and_a_lost_one_says_it_took_a_wrong_object():
     task, place, wrong, _ = _task_with_only_wrong_objects_in_view(suite)
     expert = suite.expert(task)
     lost = (f"go to {place}", f"take {wrong} from {place}", "look")
-    won, kinds, distinct = bench.classify(suite, [Episode(task, True, len(expert), tuple(expert)), Episode(task, False, 3, lost)])
+    won, kinds, distinct = bench.classify(suite, [LabelledEpisode(task, True, len(expert), tuple(expert)), LabelledEpisode(task, False, 3, lost)])
     assert won == 1
     assert sum(kinds.values()) == 1 and next(iter(kinds)).endswith(", took a wrong one")
     assert distinct == [1]
@@ -47,7 +47,7 @@ def test_the_probes_find_the_take_wrong_and_the_go_back_states():
     task, place, wrong, empty = _task_with_only_wrong_objects_in_view(suite)
     fmt = PromptFormat(WordTokenizer.from_vocabulary(suite.vocabulary()))
     actions = (f"go to {place}", f"go to {empty}", f"go to {place}")
-    take_wrong, go_back = bench.decisions(suite, fmt, [Episode(task, False, 3, actions)])
+    take_wrong, go_back = bench.decisions(suite, fmt, [LabelledEpisode(task, False, 3, actions)])
     assert len(take_wrong) == 1  # at `place`: hands empty, only wrong objects in reach
     (state,) = take_wrong
     assert [fmt.tokenizer.decode(state.choices[i][:-1]) for i in state.bad] == [f"take {wrong} from {place}"]

@@ -161,7 +161,7 @@ def _batches(packs: Sequence[Packed], steps_per_batch: int, gen: torch.Generator
     return [batches[i] for i in perm]
 
 
-def lr_factor(step: int, warmup: int, total: int) -> float:
+def warmup_cosine_factor(step: int, warmup: int, total: int) -> float:
     """Linear warm-up over `warmup` steps, then cosine decay from 1 to 0.1 at `total`."""
     cosine = 0.1 + 0.45 * (1 + math.cos(math.pi * min(step, total) / total))
     return min(1.0, (step + 1) / warmup) * cosine
@@ -191,7 +191,7 @@ def train_bc(
     total = epochs * per_epoch if max_updates <= 0 else min(max_updates, epochs * per_epoch)
     warmup = max(1, min(20, total // 10))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup, total))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine_factor(s, warmup, total))
     model.train()
     losses: list[float] = []
     step = 0
@@ -246,7 +246,11 @@ def _bc_step(
 
 
 @dataclass(frozen=True, slots=True)
-class Episode:
+class LabelledEpisode:
+    """An episode `rollout_lockstep` played (a `stages.lockstep.LockstepEpisode`) with, when an expert was
+    given, the expert's action from every state it visited: what DAgger trains on and the BC report counts
+    (not the rollout stage's `stages.episode.Episode`)."""
+
     task: Task
     won: bool
     steps: int
@@ -267,10 +271,10 @@ def rollout_lockstep(
     seed: int = 0,
     expert: RecoveringExpert | None = None,
     label: str = "",
-) -> list[Episode]:
+) -> list[LabelledEpisode]:
     """Play `samples` episodes per task, all in lockstep; episodes are ordered task-major.
 
-    With `expert`, every state visited is also labelled with the expert's action (`Episode.labelled`).
+    With `expert`, every state visited is also labelled with the expert's action (`LabelledEpisode.labelled`).
     A `label` reports progress (steps in place on a terminal, a line at the end) under that name.
     """
     runs = [task for task in tasks for _ in range(samples)]
@@ -292,7 +296,7 @@ def rollout_lockstep(
         ]
 
     played = play_lockstep(suite, runs, decide, label=label)
-    return [Episode(e.task, e.won, e.steps, e.actions, tuple(labelled[i])) for i, e in enumerate(played)]
+    return [LabelledEpisode(e.task, e.won, e.steps, e.actions, tuple(labelled[i])) for i, e in enumerate(played)]
 
 
 def _decode(
@@ -329,7 +333,7 @@ class GroupComposition:
     all_succeed: int
 
     @classmethod
-    def of(cls, episodes: Sequence[Episode], group_size: int) -> GroupComposition:
+    def of(cls, episodes: Sequence[LabelledEpisode], group_size: int) -> GroupComposition:
         counts = [0, 0, 0]
         for g in range(0, len(episodes), group_size):
             wins = sum(e.won for e in episodes[g : g + group_size])

@@ -79,11 +79,11 @@ def test_max_updates_stops_training_early(suite: FindSuite, fmt: PromptFormat, t
 
 
 def test_group_composition_counts_groups() -> None:
-    from stages.policy.torch_tiny._pretrain import Episode
+    from stages.policy.torch_tiny._pretrain import LabelledEpisode
 
     task = FindSuite().tasks("train")[0]
     wins = [0, 0, 0, 1, 0, 1, 1, 1, 1]  # groups of 3: none, some, all
-    episodes = [Episode(task, bool(w), 2, ()) for w in wins]
+    episodes = [LabelledEpisode(task, bool(w), 2, ()) for w in wins]
     assert GroupComposition.of(episodes, 3) == GroupComposition(all_fail=1, mixed=1, all_succeed=1)
 
 
