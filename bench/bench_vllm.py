@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.config import load_config  # noqa: E402
 from pipeline.run.build import build_suite  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
-from stages.policy.vllm import VllmOptions, build_policy  # noqa: E402
+from stages.policy.vllm import VllmOptions, vllm_backend  # noqa: E402
 from stages.policy.vllm._make_model import UNTRAINED, ModelShape, make_model  # noqa: E402
 from stages.policy.vllm._server import VllmPolicy  # noqa: E402
 from stages.policy.vllm._vllm_api import sampling_params  # noqa: E402
@@ -159,7 +159,7 @@ def main() -> None:
     cfg = load_config(None, ["policy.backend=vllm", f'policy.model="{model}"', f"policy.max_batch={args.clients}"])
     torch.set_num_threads(1)
     started = time.perf_counter()
-    policy = build_policy(cfg.policy, cfg.pretrain, build_suite(cfg), seed=0)
+    policy = vllm_backend(cfg.policy, cfg.pretrain, build_suite(cfg), seed=0)
     print(f"model {model}, engine started in {time.perf_counter() - started:.0f} s, {args.clients} clients x "
           f"{args.requests} requests x {args.rounds} rounds, max_new_tokens {cfg.policy.max_new_tokens}")
     try:

@@ -65,7 +65,7 @@ def main() -> None:
                 run_dir = Path(tmp) / f"w{workers}-{r}"
                 run_dir.mkdir()
                 outcome = trio.run(lambda: pipeline_run(cfg, policy, suite, tasks, run_dir, profile=args.out is not None))  # noqa: B023
-                _close(policy)
+                policy.close()  # the pool's worker processes (`PolicyHooks.close`)
                 rates[workers].append(outcome.env_steps / outcome.wall_s)
                 updates[workers].append(outcome.updates)
                 print(f"round {r + 1}: {workers:2d} decoding worker(s): {rates[workers][-1]:7.1f} env-steps/s "
@@ -81,12 +81,6 @@ def main() -> None:
     if counts == [1, 2]:
         print(f"goal on 2 cores >= 1.6: {'met' if speedup >= 1.6 else 'MISSED'}")
     print(f"workers_speedup={speedup:.3f}")
-
-
-def _close(policy) -> None:  # noqa: ANN001
-    close = getattr(policy, "close", None)
-    if close is not None:
-        close()
 
 
 def _table(counts: list[int], rates: dict[int, list[float]], updates: dict[int, list[int]]) -> str:

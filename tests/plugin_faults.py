@@ -21,7 +21,7 @@ from pipeline.messages import WeightsPublished
 from pipeline.stage import StageContext
 from stages.envs.base import Observation, StepResult
 from stages.envs.household import HouseholdSuite
-from stages.policy.torch_tiny import build_policy
+from stages.policy.torch_tiny import torch_tiny_backend
 
 STOPS: dict[str, trio.Event] = {}
 """Events the `StopAfter` stage sets, by key (the test creates and awaits them)."""
@@ -124,7 +124,7 @@ def dying_policy(cfg: Any, pretrain: Any, suite: Any, *, seed: int) -> Any:
     die_after = options.pop("die_after_batches", 3)
     import msgspec
 
-    policy = build_policy(msgspec.structs.replace(cfg, options=options), pretrain, suite, seed=seed)
+    policy = torch_tiny_backend(msgspec.structs.replace(cfg, options=options), pretrain, suite, seed=seed)
     decode = policy._decode_in_worker
     batches = 0
 

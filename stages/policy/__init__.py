@@ -1,22 +1,58 @@
-"""Policy backends, registered in `POLICIES`.
+"""Policy backends, registered in `POLICIES` (extended by the `rollcut.policies` entry-point group).
 
-A backend is a callable `build(cfg: PolicySection, pretrain: PretrainSection, suite: EnvSuite, *,
-seed: int) -> Policy` (see `stages.policy.base`).
+A backend is a `PolicyBackend` (see `stages.policy.base`): `backend(section, pretrain, suite, seed=...)`
+builds the `Policy`, and its optional `Options` and `check` are read by `check_backend` only, which lists
+every problem of a `[policy]` section without building anything (config validation).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pipeline.plugins import option_problems
 from pipeline.registry import Registry
 
 from .base import ActResult as ActResult
 from .base import AgentContext as AgentContext
 from .base import Policy as Policy
+from .base import PolicyBackend as PolicyBackend
+from .base import PolicyHooks as PolicyHooks
+from .base import PolicyStopped as PolicyStopped
 from .base import TrainableModel as TrainableModel
+
+if TYPE_CHECKING:
+    from pipeline.config import PolicySection
 
 POLICIES = Registry(
     "policies",
     {
-        "torch_tiny": "stages.policy.torch_tiny:build_policy",
-        "vllm": "stages.policy.vllm:build_policy",
+        "torch_tiny": "stages.policy.torch_tiny:torch_tiny_backend",
+        "vllm": "stages.policy.vllm:vllm_backend",
     },
 )
 
-__all__ = ["POLICIES", "ActResult", "AgentContext", "Policy", "TrainableModel"]
+
+def check_backend(section: PolicySection) -> list[str]:
+    """Every problem with `[policy] backend = ...` and its section, as readable lines (empty when fine): an
+    unknown backend; else each unknown, mistyped or out-of-range `policy.options` key (the backend's
+    `Options`, `pipeline.plugins.option_problems`), then what only the backend knows (its `check`)."""
+    try:
+        backend = POLICIES.get(section.backend)
+    except LookupError as exc:
+        return [f"policy.backend: {exc}"]
+    problems = option_problems(backend, section.options, "policy.options", f"policy backend {section.backend!r}")
+    check = getattr(backend, "check", None)  # optional (`PolicyBackend.check`), as `Options` is to option_problems
+    return problems + (check(section) if check is not None else [])
+
+
+__all__ = [
+    "POLICIES",
+    "ActResult",
+    "AgentContext",
+    "Policy",
+    "PolicyBackend",
+    "PolicyHooks",
+    "PolicyStopped",
+    "TrainableModel",
+    "check_backend",
+]

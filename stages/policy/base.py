@@ -1,22 +1,36 @@
 """The policy contract: batched, cancellation-safe `act()` plus versioned weight loading.
 
-A backend (registered in `stages.policy.POLICIES`) builds a `Policy` for a suite; the runtime starts its
-`serve()` loop in a nursery, trajectories call `act()` concurrently, and the learner gets a trainable copy
-of the same model through `trainable()` and sends weights back with `load_weights()`.
+A backend (a `PolicyBackend`, registered in `stages.policy.POLICIES`) builds a `Policy` for a suite; the
+runtime starts its `serve()` loop in a nursery, trajectories call `act()` concurrently, and the learner gets
+a trainable copy of the same model through `trainable()` and sends weights back with `load_weights()`.
+Everything else the run may call on a policy is an optional hook declared in `PolicyHooks` (each with a
+no-op default), and everything the run may ask a backend besides building is declared in `PolicyBackend`.
 """
 
 from __future__ import annotations
 
+from abc import ABC
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
+import msgspec
 import trio
 
 from pipeline.contracts import (
     CompletionScores as CompletionScores,  # re-exported: contracts live in pipeline/
 )
 from pipeline.contracts import TrainableModel as TrainableModel
+
+if TYPE_CHECKING:
+    from pipeline.config import PolicySection, PretrainSection
+    from pipeline.profiling import Profiler
+    from stages.envs.base import EnvSuite
+
+
+class PolicyStopped(RuntimeError):
+    """`act()` was called while `serve()` is not running, or `serve()` exited before answering (every
+    backend and the decoding pool raise this one class)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +62,47 @@ class ActResult:
     (no top-p, or a backend that does not report it: the learner then applies the top-p rule)."""
 
 
+class PolicyHooks(ABC):  # noqa: B024 (no abstract method: every hook is optional, as in trio.abc.Instrument)
+    """The optional hooks of a `Policy`. Every method has a no-op default, so this class serves mostly as
+    documentation: a backend subclasses it and overrides the hooks it has, and the run calls each hook
+    directly (never through `getattr`)."""
+
+    __slots__ = ()
+
+    def attach_profiler(self, profiler: Profiler) -> None:  # noqa: B027 (optional: empty on purpose)
+        """Called once by the GRPO phase (`pipeline/run/grpo.py`), before its first rollout, with the run's
+        profiler: a backend that overrides it records its own `policy` spans (generate, weight_load) and
+        binds its worker thread's CPU time. Default: nothing is recorded."""
+
+    def sampling_state(self) -> Any:
+        """Called at every checkpoint (`pipeline/run/updates.py:checkpoint_state`) on the Trio thread: the
+        backend's own sampling state (e.g. a shared random stream), saved under `policy` in the checkpoint
+        (`pipeline/run/resume.py`) and handed back to `load_sampling_state` on resume. Default: None,
+        nothing to save (a backend that seeds each request from `(seed, number)` has no state)."""
+        return None
+
+    def load_sampling_state(self, state: Any) -> None:  # noqa: B027 (optional: empty on purpose)
+        """Called once when a run resumes (`pipeline/run/job.py`), after the checkpoint's weights are loaded
+        and before `serve()` starts, with what `sampling_state()` returned (never None). Default: nothing."""
+
+    def close(self) -> None:  # noqa: B027 (optional: empty on purpose)
+        """Called once when the run ends (`pipeline/run/job.py`, off the Trio thread, after `serve()` has
+        returned), also when it failed: release what outlives the process's objects (vllm shuts its engine
+        down, the decoding pool its workers). A close that raises is logged; the run still ends. Default:
+        nothing to release."""
+
+    def statistics(self) -> Any:
+        """Called by the run's summary and benchmarks, on the Trio thread, at any time: a record of what the
+        policy did so far (trio's `statistics()` convention); the run reads `generated_tokens` from it when
+        present. Default: None, nothing counted."""
+        return None
+
+
 @runtime_checkable
 class Policy(Protocol):
+    """What the run needs of a policy: `serve`, `act`, `load_weights`, `trainable`, and the optional hooks
+    of `PolicyHooks` (which a backend gets by subclassing it)."""
+
     version: int
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -72,5 +125,47 @@ class Policy(Protocol):
         """A fresh trainable copy of the current model (for the learner, used off the Trio thread)."""
         ...
 
-    # Optional: `attach_profiler(profiler: pipeline.profiling.Profiler) -> None`. A backend that has it
-    # records its own `policy` spans (generate, weight_load) and binds its worker thread's CPU time.
+    def attach_profiler(self, profiler: Profiler) -> None:
+        """Optional (`PolicyHooks.attach_profiler`)."""
+        ...
+
+    def sampling_state(self) -> Any:
+        """Optional (`PolicyHooks.sampling_state`)."""
+        ...
+
+    def load_sampling_state(self, state: Any) -> None:
+        """Optional (`PolicyHooks.load_sampling_state`)."""
+        ...
+
+    def close(self) -> None:
+        """Optional (`PolicyHooks.close`)."""
+        ...
+
+    def statistics(self) -> Any:
+        """Optional (`PolicyHooks.statistics`)."""
+        ...
+
+
+class PolicyBackend(Protocol):
+    """A policy backend: what `stages.policy.POLICIES` holds (or what a config names as `module:attr`).
+
+    Calling it builds the `Policy` for a suite, blocking (the run calls it off the Trio thread), and raises
+    ValueError for a section it cannot build. Besides, it follows the plugin convention of
+    `pipeline.plugins` with two optional attributes, read by `stages.policy.check_backend` only (which
+    `run.py check` and the start of every run call); a plain function is a backend without them.
+    """
+
+    Options: ClassVar[type[msgspec.Struct] | None] = None
+    """Optional: the strict Struct `policy.options` decodes into (`pipeline.plugins.option_problems` lists
+    each unknown, mistyped or out-of-range key); absent or None, the backend takes no options."""
+
+    def __call__(self, section: PolicySection, pretrain: PretrainSection, suite: EnvSuite, *, seed: int) -> Policy:
+        """The backend's policy for `suite`, warm-started from `pretrain` if the backend does that."""
+        ...
+
+    def check(self, section: PolicySection) -> list[str]:
+        """Optional: every problem of `section` only the backend knows (vllm: its install, the model
+        directory; options that do not fit the rest of the section), as readable lines. Called after the
+        options were checked against `Options`, and also when they did not decode: then it checks what it
+        can without them. Absent, there is nothing more to check."""
+        return []

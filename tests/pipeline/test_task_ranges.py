@@ -12,7 +12,7 @@ from pipeline.run.build import build_suite
 from pipeline.run.job import curve_tasks, heldout_tasks
 from pipeline.task_ranges import RANGES, heldout_ranges, range_bounds, task_range
 from stages.envs.household.suite import HouseholdSuite
-from stages.policy.torch_tiny import build_policy
+from stages.policy.torch_tiny import torch_tiny_backend
 
 SIZES = {"dev": 200, "valid": 200, "test": 400}
 HELDOUT = ("heldout_seen", "heldout_unseen")
@@ -104,7 +104,7 @@ def test_the_warm_start_with_noise_and_dagger_plays_train_tasks_only(tmp_path):
     policy = PolicySection(max_new_tokens=8, cache_dir=str(tmp_path), options={
         "layers": 1, "d_model": 16, "heads": 2, "max_len": 128, "max_prompt_tokens": 100, "bc_eval_tasks": 0})
     pretrain = PretrainSection(demos=6, epochs=1, batch_size=8, noise=0.3, dagger_rounds=1, dagger_tasks=3, dagger_epochs=1)
-    build_policy(policy, pretrain, suite, seed=0)
+    torch_tiny_backend(policy, pretrain, suite, seed=0)
     assert suite.listed == {"train"}
     assert len(set(suite.played)) == 9 and all(t.startswith("household/train/") for t in suite.played)
     assert not heldout & set(suite.played)

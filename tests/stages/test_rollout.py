@@ -10,7 +10,7 @@ import trio.testing
 from pipeline.messages import GroupClosed, GroupOpened, RolloutFailed, StepEvent, TrajectoryStatus
 from pipeline.profiling import Profiler
 from stages.envs.base import Observation, StepResult, Task
-from stages.policy.base import ActResult
+from stages.policy.base import ActResult, PolicyHooks
 from stages.rollout import RolloutStage
 
 TASK = Task(task_id="t0", family="demo", description="count to ten", split="train")
@@ -54,7 +54,7 @@ class Suite:
         return CountingEnv(self.envs, self.win_at, fail_reset=len(self.envs) in self.failing)
 
 
-class SlowPolicy:
+class SlowPolicy(PolicyHooks):
     """Answers every act() after `delay` seconds; counts abandoned calls."""
 
     version = 7

@@ -1,4 +1,4 @@
-"""`build_policy`: tokenizer + model + prompt format from the config, warm-started by cached BC.
+"""`torch_tiny_backend`: tokenizer + model + prompt format from the config, warm-started by cached BC.
 
 The warm start is cached under `policy.cache_dir` as `torch_tiny-<suite>-<key>.pt`, where `key` hashes
 everything that changes it: the cache format, suite name and step limit, the tokenizer's word list,
@@ -13,12 +13,13 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 import structlog
 import torch
 
+from pipeline import plugins
 from pipeline.devices import resolve_device
 from pipeline.progress import report as report_progress
 from pipeline.task_ranges import DEFAULT_SIZES, task_range
@@ -89,37 +90,50 @@ class TinyOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 
 def decode_options(options: dict[str, Any], max_new_tokens: int) -> TinyOptions:
+    """`policy.options` decoded strictly into `TinyOptions` (the plugin convention) and checked against the
+    rest of the section.
+
+    Raises:
+        ValueError: every problem listed.
+    """
+    opts = cast("TinyOptions", plugins.decode_options(torch_tiny_backend, options, "policy.options", "policy backend 'torch_tiny'"))
+    problems = _section_problems(opts, max_new_tokens)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return opts
+
+
+def check(cfg: PolicySection) -> list[str]:
+    """What `TinyOptions` alone cannot tell (`PolicyBackend.check`): its options against the rest of the
+    section; nothing when they do not decode (`check_backend` lists those problems already)."""
     try:
-        opts = msgspec.convert(options, TinyOptions, strict=False)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"policy.options for torch_tiny: {exc}") from None
+        opts = msgspec.convert(cfg.options, TinyOptions)
+    except msgspec.ValidationError:
+        return []
+    return _section_problems(opts, cfg.max_new_tokens)
+
+
+def _section_problems(opts: TinyOptions, max_new_tokens: int) -> list[str]:
+    problems = []
     if opts.max_prompt_tokens + max_new_tokens > opts.max_len:
-        raise ValueError(
+        problems.append(
             f"policy.options: max_prompt_tokens ({opts.max_prompt_tokens}) + policy.max_new_tokens "
             f"({max_new_tokens}) must not exceed max_len ({opts.max_len})"
         )
     if opts.choose_by not in ("token", "command"):
-        raise ValueError(f"policy.options.choose_by must be 'token' or 'command', not {opts.choose_by!r}")
+        problems.append(f"policy.options.choose_by must be 'token' or 'command', not {opts.choose_by!r}")
     if not 0 <= opts.bc_eval_tasks <= DEFAULT_SIZES["dev"]:
-        raise ValueError(f"policy.options.bc_eval_tasks must be in [0, {DEFAULT_SIZES['dev']}] (the dev range), not {opts.bc_eval_tasks}")
+        problems.append(f"policy.options.bc_eval_tasks must be in [0, {DEFAULT_SIZES['dev']}] (the dev range), not {opts.bc_eval_tasks}")
     if opts.choose_by == "command" and not opts.choose_admissible:
-        raise ValueError("policy.options.choose_by = 'command' needs choose_admissible = true")
-    return opts
+        problems.append("policy.options.choose_by = 'command' needs choose_admissible = true")
+    return problems
 
 
-def check_options(cfg: PolicySection) -> list[str]:
-    """Problems with `policy.options` (for config validation, before any warm start)."""
-    try:
-        decode_options(cfg.options, cfg.max_new_tokens)
-    except ValueError as exc:
-        return [str(exc)]
-    return []
-
-
-def build_policy(
+def torch_tiny_backend(
     cfg: PolicySection, pretrain: PretrainSection, suite: EnvSuite, *, seed: int
 ) -> TorchTinyPolicy:
-    """The torch_tiny policy for `suite`, behaviour-cloned (or loaded from the cache) when enabled."""
+    """The torch_tiny policy for `suite`, behaviour-cloned (or loaded from the cache) when enabled: the
+    registered `PolicyBackend` `stages.policy.POLICIES["torch_tiny"]`."""
     opts = decode_options(cfg.options, cfg.max_new_tokens)
     tokenizer = WordTokenizer.from_vocabulary(suite.vocabulary())
     fmt = PromptFormat(
@@ -369,4 +383,5 @@ def cache_key(
     return h.hexdigest()
 
 
-build_policy.check_options = check_options  # type: ignore[attr-defined]  # found by pipeline.run.job.build_checks
+torch_tiny_backend.Options = TinyOptions  # type: ignore[attr-defined]  # `PolicyBackend.Options`
+torch_tiny_backend.check = check  # type: ignore[attr-defined]  # `PolicyBackend.check`

@@ -32,17 +32,13 @@ import trio
 
 from pipeline.devices import new_stream, side_stream
 from pipeline.profiling import Profiler
-from stages.policy.base import ActResult, AgentContext
+from stages.policy.base import ActResult, AgentContext, PolicyHooks, PolicyStopped
 
 from ._generate import generate
 from ._model import TinyLM
 from ._prompt import PromptFormat, parse_action
 
 log = structlog.get_logger(__name__)
-
-
-class PolicyStopped(RuntimeError):
-    """`act()` was called while `serve()` is not running, or `serve()` exited before answering."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +97,8 @@ def request_uniforms(seed: int, number: int, n: int) -> torch.Tensor:
     return torch.rand(n, generator=torch.Generator().manual_seed(request_seed(seed, number)))
 
 
-class TorchTinyPolicy:
-    """Implements `stages.policy.base.Policy` for a `TinyLM`."""
+class TorchTinyPolicy(PolicyHooks):
+    """Implements `stages.policy.base.Policy` for a `TinyLM` (hooks: `attach_profiler`, `statistics`)."""
 
     def __init__(self, model: TinyLM, prompt: PromptFormat, sampling: SamplingConfig, *, seed: int) -> None:
         self.version = 0

@@ -2,8 +2,9 @@
 
     python run.py --set policy.backend=vllm --set policy.model=PATH
 
-`build_policy` is the registered entry (`stages.policy.POLICIES["vllm"]`); `check` validates the config
-without importing vLLM's engine (used by `run.py check` and every run's config check). vLLM lives in its
+`vllm_backend` is the registered backend (`stages.policy.POLICIES["vllm"]`); its `check` validates the
+section without importing vLLM's engine (through `stages.policy.check_backend`: `run.py check` and every
+run's config check). vLLM lives in its
 own environment (see docs/vllm.md); this package imports without it, and asking for the backend without
 it fails with `VllmMissing` naming the install route. See docs/vllm.md for the design and measurements.
 """
@@ -13,10 +14,12 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 import structlog
+
+from pipeline import plugins
 
 if TYPE_CHECKING:
     from pipeline.config import PolicySection, PretrainSection
@@ -84,25 +87,35 @@ def vllm_available() -> bool:
 
 
 def decode_options(options: dict[str, Any], max_new_tokens: int) -> VllmOptions:
-    try:
-        opts = msgspec.convert(options, VllmOptions, strict=False)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"policy.options for vllm: {exc}") from None
-    from ._lora import lora_problems
+    """`policy.options` decoded strictly into `VllmOptions` (the plugin convention) and checked against the
+    rest of the section.
 
-    problems = lora_problems(opts.lora_rank, opts.lora_alpha, opts.lora_target_modules)
+    Raises:
+        ValueError: every problem listed.
+    """
+    opts = cast("VllmOptions", plugins.decode_options(vllm_backend, options, "policy.options", "policy backend 'vllm'"))
+    problems = _section_problems(opts, max_new_tokens)
     if problems:
         raise ValueError("; ".join(problems))
-    if opts.max_prompt_tokens + max_new_tokens > opts.max_model_len:
-        raise ValueError(
-            f"policy.options: max_prompt_tokens ({opts.max_prompt_tokens}) + policy.max_new_tokens "
-            f"({max_new_tokens}) must not exceed max_model_len ({opts.max_model_len})"
-        )
     return opts
 
 
+def _section_problems(opts: VllmOptions, max_new_tokens: int) -> list[str]:
+    from ._lora import lora_problems
+
+    problems = lora_problems(opts.lora_rank, opts.lora_alpha, opts.lora_target_modules)
+    if opts.max_prompt_tokens + max_new_tokens > opts.max_model_len:
+        problems.append(
+            f"policy.options: max_prompt_tokens ({opts.max_prompt_tokens}) + policy.max_new_tokens "
+            f"({max_new_tokens}) must not exceed max_model_len ({opts.max_model_len})"
+        )
+    return problems
+
+
 def check(cfg: PolicySection) -> list[str]:
-    """Every problem with a vllm policy section (no engine is started)."""
+    """Every problem of a vllm policy section that `VllmOptions` alone cannot tell (`PolicyBackend.check`;
+    no engine is started): the install, the model directory, the options against the rest of the section
+    and what they need installed (nothing about options that do not decode: `check_backend` lists those)."""
     problems: list[str] = []
     if not vllm_available():
         problems.append(f"policy.backend = 'vllm': {INSTALL_HINT}")
@@ -111,26 +124,27 @@ def check(cfg: PolicySection) -> list[str]:
     elif not (Path(cfg.model) / "config.json").is_file():
         problems.append(f"policy.model: {cfg.model!r} is not a model directory (no config.json)")
     try:
-        opts = decode_options(cfg.options, cfg.max_new_tokens)
-    except ValueError as exc:
-        problems.append(str(exc))
-    else:
-        if opts.lora_rank > 0 and importlib.util.find_spec("peft") is None:
-            from ._lora import PEFT_HINT
+        opts = msgspec.convert(cfg.options, VllmOptions)
+    except msgspec.ValidationError:
+        return problems
+    problems += _section_problems(opts, cfg.max_new_tokens)
+    if opts.lora_rank > 0 and importlib.util.find_spec("peft") is None:
+        from ._lora import PEFT_HINT
 
-            problems.append(PEFT_HINT)
+        problems.append(PEFT_HINT)
     return problems
 
 
-def build_policy(cfg: PolicySection, pretrain: PretrainSection, suite: EnvSuite, *, seed: int) -> VllmPolicy:
-    """Start an AsyncLLM on `cfg.model` in its own loop thread (blocking: call it off the Trio thread).
+def vllm_backend(cfg: PolicySection, pretrain: PretrainSection, suite: EnvSuite, *, seed: int) -> VllmPolicy:
+    """Start an AsyncLLM on `cfg.model` in its own loop thread (blocking: call it off the Trio thread): the
+    registered `PolicyBackend` `stages.policy.POLICIES["vllm"]`.
 
     The warm start of this backend is the model directory itself (`make-model` behaviour-clones it), so
     `pretrain` is not used here.
     """
     if not vllm_available():
         raise VllmMissing(INSTALL_HINT)
-    problems = check(cfg)
+    problems = plugins.option_problems(vllm_backend, cfg.options, "policy.options", "policy backend 'vllm'") + check(cfg)
     if problems:
         raise ValueError("; ".join(problems))
     from ._engine import start_engine
@@ -139,7 +153,8 @@ def build_policy(cfg: PolicySection, pretrain: PretrainSection, suite: EnvSuite,
     return start_engine(cfg, opts, seed=seed)
 
 
-build_policy.check = check  # type: ignore[attr-defined]  # read by pipeline.run.job.name_checks
+vllm_backend.Options = VllmOptions  # type: ignore[attr-defined]  # `PolicyBackend.Options`
+vllm_backend.check = check  # type: ignore[attr-defined]  # `PolicyBackend.check`
 
 
 def _make_model_parser() -> Any:
@@ -223,4 +238,4 @@ def make_model_main(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["INSTALL_HINT", "VllmMissing", "VllmOptions", "build_policy", "check", "make_model_main", "vllm_available"]
+__all__ = ["INSTALL_HINT", "VllmMissing", "VllmOptions", "check", "make_model_main", "vllm_available", "vllm_backend"]

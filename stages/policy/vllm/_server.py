@@ -37,9 +37,9 @@ import torch
 import trio
 
 from pipeline.profiling import Profiler
-from stages.policy.base import ActResult, AgentContext
+from stages.policy.base import ActResult, AgentContext, PolicyHooks, PolicyStopped
 from stages.policy.torch_tiny._prompt import parse_action
-from stages.policy.torch_tiny._server import PolicyStopped, request_seed
+from stages.policy.torch_tiny._server import request_seed
 
 from ._learner import CausalLMTrainable
 from ._loop import LoopThread, wait_trio
@@ -84,8 +84,9 @@ def _percentiles_ms(values: Sequence[float]) -> dict[str, float | None]:
     return {"p50": float(p50), "p99": float(p99)}
 
 
-class VllmPolicy:
-    """Implements `stages.policy.base.Policy` on an `AsyncLLM` (built by `stages.policy.vllm.build_policy`)."""
+class VllmPolicy(PolicyHooks):
+    """Implements `stages.policy.base.Policy` on an `AsyncLLM` (built by `stages.policy.vllm.vllm_backend`;
+    hooks: `attach_profiler`, `statistics`, `close`)."""
 
     def __init__(
         self,

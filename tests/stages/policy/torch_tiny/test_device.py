@@ -9,7 +9,7 @@ import torch
 
 from pipeline.config import PolicySection
 from pipeline.profiling import RULE_CUDA, Profiler
-from stages.policy.torch_tiny import build_policy, generate
+from stages.policy.torch_tiny import generate, torch_tiny_backend
 from stages.policy.torch_tiny._server import request_uniforms
 from tests.cuda import needs_cuda
 from tests.stages.policy.fake_suite import FindSuite
@@ -62,13 +62,13 @@ async def test_a_cuda_policy_serves_weights_published_from_the_cpu_and_times_its
 @needs_cuda
 def test_the_warm_start_trains_on_cuda_and_caches_cpu_tensors(tmp_path) -> None:
     cuda_cfg = PolicySection(max_new_tokens=8, cache_dir=str(tmp_path), device="cuda", options=_cfg(tmp_path).options)
-    on_cuda = build_policy(cuda_cfg, PRETRAIN, FindSuite(), seed=0)
+    on_cuda = torch_tiny_backend(cuda_cfg, PRETRAIN, FindSuite(), seed=0)
     assert next(on_cuda.model.parameters()).device.type == "cuda"
     [cached] = tmp_path.glob("torch_tiny-find-*.pt")
     saved = torch.load(cached, weights_only=True)
     assert all(t.device.type == "cpu" for t in saved["state"].values())
     cpu_cfg = PolicySection(max_new_tokens=8, cache_dir=str(tmp_path), device="cpu", options=_cfg(tmp_path).options)
-    on_cpu = build_policy(cpu_cfg, PRETRAIN, FindSuite(), seed=0)
+    on_cpu = torch_tiny_backend(cpu_cfg, PRETRAIN, FindSuite(), seed=0)
     assert len(list(tmp_path.glob("torch_tiny-find-*.pt"))) == 1  # the same cache, whatever the device
     for key, value in on_cpu.model.state_dict().items():
         torch.testing.assert_close(value, on_cuda.model.state_dict()[key].cpu(), rtol=0, atol=0)

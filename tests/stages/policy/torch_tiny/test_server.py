@@ -11,8 +11,8 @@ import torch
 import trio
 import trio.testing
 
-from stages.policy.base import ActResult, AgentContext
-from stages.policy.torch_tiny import PolicyStopped, PromptFormat, TinyLM, TorchTinyPolicy
+from stages.policy.base import ActResult, AgentContext, PolicyStopped
+from stages.policy.torch_tiny import PromptFormat, TinyLM, TorchTinyPolicy
 
 from .conftest import make_policy, tiny_model
 

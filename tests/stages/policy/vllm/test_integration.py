@@ -23,7 +23,7 @@ from pipeline.run.build import build_suite  # noqa: E402
 from pipeline.run.checks import load  # noqa: E402
 from pipeline.run.job import run_job  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
-from stages.policy.vllm import VllmOptions, build_policy  # noqa: E402
+from stages.policy.vllm import VllmOptions, vllm_backend  # noqa: E402
 from stages.policy.vllm._learner import CausalLMTrainable  # noqa: E402
 from stages.policy.vllm._make_model import UNTRAINED, ModelShape, make_model  # noqa: E402
 from stages.policy.vllm._server import VllmPolicy  # noqa: E402
@@ -46,7 +46,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def policy(model_dir: Path) -> Iterator[VllmPolicy]:
     cfg = load_config(None, ["policy.backend=vllm", f"policy.model={json.dumps(str(model_dir))}"])
-    built = build_policy(cfg.policy, cfg.pretrain, build_suite(cfg), seed=0)
+    built = vllm_backend(cfg.policy, cfg.pretrain, build_suite(cfg), seed=0)
     yield built
     built.close()
 
@@ -119,7 +119,7 @@ def lora_policy(model_dir: Path) -> Iterator[VllmPolicy]:
         "policy.backend=vllm", f"policy.model={json.dumps(str(model_dir))}",
         "policy.options.lora_rank=8", "policy.options.lora_alpha=16",
     ])
-    built = build_policy(cfg.policy, cfg.pretrain, build_suite(cfg), seed=0)
+    built = vllm_backend(cfg.policy, cfg.pretrain, build_suite(cfg), seed=0)
     yield built
     built.close()
 

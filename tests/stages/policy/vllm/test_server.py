@@ -9,8 +9,7 @@ import pytest
 import torch
 import trio
 
-from stages.policy.base import AgentContext
-from stages.policy.torch_tiny import PolicyStopped
+from stages.policy.base import AgentContext, PolicyStopped
 from stages.policy.vllm._loop import LoopThread
 from stages.policy.vllm._prompt import ChatPrompt
 from stages.policy.vllm._server import VllmPolicy
