@@ -58,3 +58,14 @@ def test_the_documented_options_struct_is_built_as_the_page_says():
         "stages[0].options.lable: unknown option for thing (known: label, window)",
     ]
 
+
+
+def test_the_page_lists_exactly_the_entry_point_groups_the_registries_read():
+    root = DOC.parents[1]
+    kinds = set()
+    for path in [*root.glob("pipeline/**/*.py"), *root.glob("stages/**/*.py"), *root.glob("gates/**/*.py"),
+                 *root.glob("learner/**/*.py")]:
+        kinds |= set(re.findall(r"\bRegistry\(\s*\"(\w+)\"", path.read_text()))
+    groups = re.search(r"^Groups \(.*?\): (.*?)\. An unknown name", DOC.read_text(), flags=re.S | re.M)
+    assert groups is not None
+    assert set(re.findall(r"`(rollcut\.\w+)`", groups.group(1))) == {f"rollcut.{kind}" for kind in kinds}
