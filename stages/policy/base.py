@@ -88,8 +88,8 @@ class PolicyHooks(ABC):  # noqa: B024 (no abstract method: every hook is optiona
     def close(self) -> None:  # noqa: B027 (optional: empty on purpose)
         """Called once when the run ends (`pipeline/run/job.py`, off the Trio thread, after `serve()` has
         returned), also when it failed: release what outlives the process's objects (vllm shuts its engine
-        down, the decoding pool its workers). A close that raises is logged; the run still ends. Default:
-        nothing to release."""
+        down and stops its loop thread). A close that raises is logged; the run still ends. Default: nothing
+        to release."""
 
     def statistics(self) -> Any:
         """Called by the run's summary and benchmarks, on the Trio thread, at any time: a record of what the
