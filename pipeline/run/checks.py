@@ -20,7 +20,7 @@ from pipeline.plugins import option_problems
 from pipeline.stage import STAGES, build_stage
 from pipeline.trackers import tracker_problems
 from stages import envs
-from stages.policy import POLICIES
+from stages.policy import check_backend
 
 from .build import build_gate, build_suite
 
@@ -29,13 +29,7 @@ def name_checks(cfg: RunConfig) -> list[str]:
     """Every configured name that does not resolve and every bad plugin option (env, policy, gate, allocator,
     stages), for `load_config(extra_checks=...)`; `build_checks` then builds what it can once all are fine."""
     problems = envs.check_suite(cfg.env.name, cfg.env.options)
-    policy_problems = POLICIES.check(cfg.policy.backend, "policy.backend")
-    if not policy_problems:  # a backend may validate its own section (`build.check`): vllm's install, model
-        policy_problems = getattr(POLICIES.get(cfg.policy.backend), "check", lambda _: [])(cfg.policy)
-    if not policy_problems:  # ... and its options (`build.check_options`)
-        check_policy = getattr(POLICIES.get(cfg.policy.backend), "check_options", lambda _: [])
-        policy_problems = [f"policy.options: {p}" for p in check_policy(cfg.policy)]
-    problems += policy_problems
+    problems += check_backend(cfg.policy)
     gate_problems = GATES.check(cfg.gate.name, "gate.name")
     if not gate_problems and cfg.gate.enabled and not cfg.gate.problems():  # (a bad gate.k / gate.tau is listed)
         gate_problems = _gate_problems(cfg)

@@ -50,15 +50,11 @@ from pipeline.messages import (
 )
 from pipeline.profiling import Profiler
 from pipeline.transport import Context, new_secret, open_context
-from stages.policy.base import ActResult, AgentContext, Policy, TrainableModel
+from stages.policy.base import ActResult, AgentContext, Policy, PolicyHooks, PolicyStopped, TrainableModel
 
 from .launch import Child, ChildSpec, launch
 
 log = structlog.get_logger(__name__)
-
-
-class PolicyStopped(RuntimeError):
-    """`act()` was called while the pool is not serving, or it stopped before answering."""
 
 
 class PolicyWorkerError(RuntimeError):
@@ -92,7 +88,7 @@ def deserialise_weights(blob: bytes) -> dict[str, torch.Tensor]:
     return tensors.unpack_weights(blob)
 
 
-class WorkerPoolPolicy:
+class WorkerPoolPolicy(PolicyHooks):
     """Implements `stages.policy.base.Policy` over `workers` decoding processes."""
 
     def __init__(self, local: Policy, cfg: RunConfig, *, workers: int, weights: Mapping[str, Any]) -> None:

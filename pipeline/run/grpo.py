@@ -173,9 +173,7 @@ def _build(
                               range_name=cfg.eval.curve_range)
     recorder = UpdateRecorder(phase, events=events.clone(), metrics=metrics, heldout=heldout, profiler=profiler,
                               checkpointer=checkpointer, progress=progress)
-    attach = getattr(policy, "attach_profiler", None)  # optional: a backend that records its own spans
-    if attach is not None:
-        attach(profiler)
+    policy.attach_profiler(profiler)  # a no-op unless the backend records its own spans (PolicyHooks)
     phase.started = counters.window_started = trio.current_time()
     return _Wiring(phase, rollout, stages, heldout, recorder, events, events_in, training)
 

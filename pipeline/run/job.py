@@ -161,14 +161,11 @@ def _open_trackers(cfg: RunConfig, run_dir: Path, checkpoint: dict[str, Any] | N
 
 
 async def _close_policies(policies: list[Policy]) -> None:
-    """`close()` each policy that has one (optional: a backend holding an engine, vllm, shuts it down); a
+    """`close()` each policy (a no-op unless the backend holds something: vllm's engine); a
     close that fails is logged and the others still run."""
     for policy in policies:
-        close = getattr(policy, "close", None)
-        if close is None:
-            continue
         try:
-            await trio.to_thread.run_sync(close)
+            await trio.to_thread.run_sync(policy.close)
         except Exception as exc:
             log.warning("policy.close_failed", error=f"{type(exc).__name__}: {exc}")
 
@@ -296,9 +293,8 @@ async def _build_policy(cfg: RunConfig, suite: EnvSuite, checkpoint: dict[str, A
         return policy, time.perf_counter() - t0
     policy = await trio.to_thread.run_sync(lambda: build_policy(cfg, suite, warm_start=False), abandon_on_cancel=True)
     policy.load_weights(checkpoint["version"], published_weights(checkpoint["trainer"]))
-    load_sampling = getattr(policy, "load_sampling_state", None)
-    if load_sampling is not None and checkpoint["policy"] is not None:
-        load_sampling(checkpoint["policy"])
+    if checkpoint["policy"] is not None:
+        policy.load_sampling_state(checkpoint["policy"])
     return policy, time.perf_counter() - t0
 
 
@@ -321,8 +317,7 @@ async def _unless_stopped(stop: trio.Event, run_dir: Path, fn: Any, *args: Any, 
 
 def _generated_tokens(policy: Policy) -> int | None:
     """Tokens the policy generated so far, if the backend counts them (`statistics().generated_tokens`)."""
-    stats = getattr(policy, "statistics", None)
-    return getattr(stats(), "generated_tokens", None) if stats is not None else None
+    return getattr(policy.statistics(), "generated_tokens", None)
 
 
 def _save_checkpoints(run_dir: Path, trainer: Trainer, allocator: Any) -> None:

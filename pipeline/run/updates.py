@@ -131,7 +131,6 @@ def metrics_row(report: LearnerReport, phase: Phase) -> dict[str, Any]:
 
 def checkpoint_state(report: LearnerReport, phase: Phase) -> dict[str, Any]:
     """Everything `pipeline.run.resume` saves, at this update boundary (the trainer's state came with the report)."""
-    sampling_state = getattr(phase.policy, "sampling_state", None)  # optional on a backend
     grpo = resume.capture_counters(
         counters=phase.counters, admission=phase.lifecycle.admission, rollout=phase.rollout, version=report.version,
         gate=phase.gate, wall_s=phase.wall_s(),
@@ -140,7 +139,7 @@ def checkpoint_state(report: LearnerReport, phase: Phase) -> dict[str, Any]:
     return {
         "version": report.version,
         "trainer": report.trainer_state,
-        "policy": sampling_state() if sampling_state is not None else None,
+        "policy": phase.policy.sampling_state(),
         "allocator": phase.allocator.state_dict(),
         "grpo": grpo,
         "rng": resume.rng_state(),
