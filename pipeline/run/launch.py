@@ -98,7 +98,8 @@ async def launch(child: Child, spec: ChildSpec, *, env: dict[str, str] | None = 
         command = [sys.executable, "-m", "pipeline.run.launch", spec.role, str(path)]
         environment = os.environ | (env or {}) | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         async with trio.open_nursery() as nursery:
-            process = await nursery.start(partial(trio.run_process, command, check=False, cwd=ROOT, env=environment))
+            # the parent's working directory: the config's relative paths (run folder, cache) mean the same there
+            process = await nursery.start(partial(trio.run_process, command, check=False, env=environment))
             child.pid = process.pid
             nursery.start_soon(_fail_on_exit, child, process)
             await child.ready.wait()
