@@ -10,13 +10,14 @@ no-op default), and everything the run may ask a backend besides building is dec
 from __future__ import annotations
 
 from abc import ABC
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import msgspec
 import trio
 
+from pipeline import plugins
 from pipeline.contracts import (
     CompletionScores as CompletionScores,  # re-exported: contracts live in pipeline/
 )
@@ -169,3 +170,18 @@ class PolicyBackend(Protocol):
         options were checked against `Options`, and also when they did not decode: then it checks what it
         can without them. Absent, there is nothing more to check."""
         return []
+
+
+def decode_backend_options(backend: Any, name: str, options: Mapping[str, Any], max_new_tokens: int,
+                           section_problems: Callable[[Any, int], list[str]]) -> Any:
+    """`policy.options` decoded strictly into `backend.Options` (the plugin convention) and checked against the
+    rest of the `[policy]` section by `section_problems(options, max_new_tokens)`.
+
+    Raises:
+        ValueError: every problem listed.
+    """
+    opts = plugins.decode_options(backend, dict(options), "policy.options", f"policy backend {name!r}")
+    problems = section_problems(opts, max_new_tokens)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return opts

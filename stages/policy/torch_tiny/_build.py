@@ -19,11 +19,11 @@ import msgspec
 import structlog
 import torch
 
-from pipeline import plugins
 from pipeline.devices import resolve_device
 from pipeline.progress import report as report_progress
 from pipeline.task_ranges import DEFAULT_SIZES, task_range
 from stages.envs.base import EnvSuite, RecoveringExpert
+from stages.policy.base import decode_backend_options
 
 from ._model import ModelConfig, TinyLM
 from ._pretrain import (
@@ -90,17 +90,9 @@ class TinyOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 
 def decode_options(options: dict[str, Any], max_new_tokens: int) -> TinyOptions:
-    """`policy.options` decoded strictly into `TinyOptions` (the plugin convention) and checked against the
-    rest of the section.
-
-    Raises:
-        ValueError: every problem listed.
-    """
-    opts = cast("TinyOptions", plugins.decode_options(torch_tiny_backend, options, "policy.options", "policy backend 'torch_tiny'"))
-    problems = _section_problems(opts, max_new_tokens)
-    if problems:
-        raise ValueError("; ".join(problems))
-    return opts
+    """`policy.options` decoded strictly into `TinyOptions` and checked against the rest of the section
+    (`stages.policy.base.decode_backend_options`; raises ValueError listing every problem)."""
+    return cast("TinyOptions", decode_backend_options(torch_tiny_backend, "torch_tiny", options, max_new_tokens, _section_problems))
 
 
 def check(cfg: PolicySection) -> list[str]:

@@ -20,6 +20,7 @@ import msgspec
 import structlog
 
 from pipeline import plugins
+from stages.policy.base import decode_backend_options
 
 if TYPE_CHECKING:
     from pipeline.config import PolicySection, PretrainSection
@@ -87,17 +88,9 @@ def vllm_available() -> bool:
 
 
 def decode_options(options: dict[str, Any], max_new_tokens: int) -> VllmOptions:
-    """`policy.options` decoded strictly into `VllmOptions` (the plugin convention) and checked against the
-    rest of the section.
-
-    Raises:
-        ValueError: every problem listed.
-    """
-    opts = cast("VllmOptions", plugins.decode_options(vllm_backend, options, "policy.options", "policy backend 'vllm'"))
-    problems = _section_problems(opts, max_new_tokens)
-    if problems:
-        raise ValueError("; ".join(problems))
-    return opts
+    """`policy.options` decoded strictly into `VllmOptions` and checked against the rest of the section
+    (`stages.policy.base.decode_backend_options`; raises ValueError listing every problem)."""
+    return cast("VllmOptions", decode_backend_options(vllm_backend, "vllm", options, max_new_tokens, _section_problems))
 
 
 def _section_problems(opts: VllmOptions, max_new_tokens: int) -> list[str]:
