@@ -1,0 +1,45 @@
+"""The one launcher: what a child is given survives the file it travels in, as data only, and stays private."""
+
+import os
+import stat
+
+import msgspec
+import pytest
+import torch
+
+from pipeline.config import load_config
+from pipeline.run import launch, placement
+
+
+def test_a_child_spec_carries_the_config_itself_and_the_trainer_state_as_data(tmp_path):
+    cfg = load_config(None, ["transport.mode=processes", "gate.tau=0.5", 'stages=[{target="gate", options={gate="stall"}}]'])
+    state = {"model": {"w": torch.arange(4.0)}, "rng": (1, (2, 3), None)}
+    spec = launch.ChildSpec(role="learner", config=cfg, addresses=cfg.transport, parent=os.getpid(), sys_path=["/x"],
+                            secret=b"s" * 32, trainer_state=placement.to_bytes(state), version=3, capture_state=True)
+    path = tmp_path / "spec.msgpack"
+    launch.write_private(path, msgspec.msgpack.encode(spec))
+    back = msgspec.msgpack.decode(path.read_bytes(), type=launch.ChildSpec)
+    assert back.config == cfg and back.version == 3 and back.secret == b"s" * 32
+    assert torch.equal(placement.from_bytes(back.trainer_state)["model"]["w"], torch.arange(4.0))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_a_spec_file_is_decoded_as_its_type_not_run(tmp_path):
+    """Bytes that are not a ChildSpec (here: a pickle) fail to decode; nothing they name is imported or called."""
+    import pickle
+
+    path = tmp_path / "spec.msgpack"
+    launch.write_private(path, pickle.dumps(os.system))
+    with pytest.raises(msgspec.DecodeError):
+        msgspec.msgpack.decode(path.read_bytes(), type=launch.ChildSpec)
+    with pytest.raises(FileExistsError):  # never overwrites: the file is created by its writer only
+        launch.write_private(path, b"")
+
+
+def test_every_role_names_a_serve_function_of_the_run():
+    import importlib
+
+    for role, target in launch.ROLES.items():
+        module, _, name = target.partition(":")
+        assert module.startswith("pipeline.run."), role
+        assert callable(getattr(importlib.import_module(module), name)), role
