@@ -2,8 +2,8 @@
 
 `load_config` collects *every* problem (unknown keys, wrong types, out-of-range values, unknown plugin
 names) before raising one `ConfigError`, so a user fixes a config in one go. Each component receives its
-own section, never the root. The sections themselves are in `pipeline.config_sections` and re-exported
-here: import them from `pipeline.config`.
+own section, never the root. The sections themselves are in `pipeline.config_sections` and `pipeline.config_learner` and
+re-exported here: import them from `pipeline.config`.
 """
 
 from __future__ import annotations
@@ -15,21 +15,19 @@ from typing import Any
 
 import msgspec
 
+from .config_learner import EvalSection, LearnerSection, RangeSizes
 from .config_sections import (
     AllocatorSection,
     EnvSection,
-    EvalSection,
     GateSection,
-    LearnerSection,
     PolicySection,
     PretrainSection,
     ProfileSection,
-    RangeSizes,
     RolloutSection,
-    RunConfig,
     RunSection,
     StageSpec,
     TransportSection,
+    _Section,
 )
 
 __all__ = [
@@ -54,6 +52,23 @@ __all__ = [
     "merge_overrides",
     "parse_override",
 ]
+
+
+class RunConfig(_Section):
+    run: RunSection = RunSection()
+    env: EnvSection = EnvSection()
+    policy: PolicySection = PolicySection()
+    pretrain: PretrainSection = PretrainSection()
+    rollout: RolloutSection = RolloutSection()
+    gate: GateSection = GateSection()
+    allocator: AllocatorSection = AllocatorSection()
+    learner: LearnerSection = LearnerSection()
+    eval: EvalSection = EvalSection()
+    transport: TransportSection = TransportSection()
+    profile: ProfileSection = ProfileSection()
+    stages: list[StageSpec] = []
+    trackers: dict[str, dict[str, Any]] = {}
+    """Each tracker's options, `[trackers.<name>]` (the tracker is chosen by `run.trackers`)."""
 
 
 class ConfigError(Exception):
