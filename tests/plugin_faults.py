@@ -21,7 +21,7 @@ from pipeline.messages import WeightsPublished
 from pipeline.stage import StageContext
 from stages.envs.base import Observation, StepResult
 from stages.envs.household import HouseholdSuite
-from stages.policy.torch_tiny import torch_tiny_backend
+from stages.policy.torch_tiny import TinyOptions, torch_tiny_backend
 
 STOPS: dict[str, trio.Event] = {}
 """Events the `StopAfter` stage sets, by key (the test creates and awaits them)."""
@@ -118,6 +118,12 @@ class FaultySuite(HouseholdSuite):
 INSTANCES: list[FaultySuite] = []
 
 
+class DyingOptions(TinyOptions, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """torch_tiny's options and when its decoding worker dies."""
+
+    die_after_batches: int = 3
+
+
 def dying_policy(cfg: Any, pretrain: Any, suite: Any, *, seed: int) -> Any:
     """torch_tiny whose decoding worker raises after `policy.options.die_after_batches` batches."""
     options = dict(cfg.options)
@@ -139,6 +145,9 @@ def dying_policy(cfg: Any, pretrain: Any, suite: Any, *, seed: int) -> Any:
     return policy
 
 
+dying_policy.Options = DyingOptions  # type: ignore[attr-defined]  # the backend's options (the plugin convention)
+
+
 CLOSED: list[str] = []
 """What `closing_policy` policies recorded when the job closed them, one entry per `close()`."""
 
@@ -153,6 +162,9 @@ def closing_policy(cfg: Any, pretrain: Any, suite: Any, *, seed: int) -> Any:
     policy = dying_policy(msgspec.structs.replace(cfg, options=options), pretrain, suite, seed=seed)
     policy.close = lambda: CLOSED.append(f"policy {id(policy)}")
     return policy
+
+
+closing_policy.Options = DyingOptions  # type: ignore[attr-defined]
 
 
 def exploding_loss(*args: Any, **kwargs: Any) -> Any:
