@@ -31,6 +31,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import structlog
@@ -182,12 +183,14 @@ class WorkerPoolPolicy(PolicyHooks):
                     send, receive = trio.open_memory_channel[WorkerInbox](4096)
                     self._inboxes.append(send)
                     await nursery.start(self._forward, zmq, f"ipc://{folder}/in-{worker}", receive)
-                    nursery.start_soon(self._launch, child, self._spec(worker, folder, secret))
+                    nursery.start_soon(partial(launch, child, self._spec(worker, folder, secret), env={"OMP_NUM_THREADS": "1"}))
                 try:
                     nursery.start_soon(self._dispatch, outbox)
                     for child in self._children:  # all start at once; each says ready on the outbox
                         await child.ready.wait()
                     log.info("policy.workers_ready", workers=self.workers)
+                    if self._profiler is not None:  # attached before serve: the workers just started count as `policy`
+                        self.attach_profiler(self._profiler)
                     for worker in range(self.workers):
                         self._post(worker, LoadWeights(version=self.version, weights=self._weights))
                     self._serving = True
@@ -203,17 +206,6 @@ class WorkerPoolPolicy(PolicyHooks):
         return ChildSpec(role="decoder", config=self._cfg, addresses=self._cfg.transport, parent=os.getpid(),
                          sys_path=list(sys.path), secret=secret, index=worker, inbox=f"ipc://{folder}/in-{worker}",
                          outbox=f"ipc://{folder}/out")
-
-    async def _launch(self, child: Child, spec: ChildSpec) -> None:
-        """One worker, its CPU bound to the `policy` stage of the profile while it runs."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._bind_when_started, child)
-            await launch(child, spec, env={"OMP_NUM_THREADS": "1"})
-
-    async def _bind_when_started(self, child: Child) -> None:
-        await child.ready.wait()
-        if self._profiler is not None and child.pid is not None:
-            self._profiler.bind_process("policy", child.pid)
 
     # ----------------------------------------------------------------------------------------------
 
