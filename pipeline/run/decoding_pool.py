@@ -25,8 +25,6 @@ watches its parent), so no orphan is left behind.
 
 from __future__ import annotations
 
-import os
-import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -53,7 +51,7 @@ from pipeline.profiling import Profiler
 from pipeline.transport import Context, new_secret, open_context
 from stages.policy.base import ActResult, AgentContext, Policy, PolicyHooks, PolicyStopped, TrainableModel
 
-from .launch import Child, ChildSpec, launch
+from .launch import Child, ChildSpec, child_spec, launch
 
 log = structlog.get_logger(__name__)
 
@@ -203,9 +201,8 @@ class WorkerPoolPolicy(PolicyHooks):
                     nursery.cancel_scope.cancel()
 
     def _spec(self, worker: int, folder: str, secret: bytes) -> ChildSpec:
-        return ChildSpec(role="decoder", config=self._cfg, addresses=self._cfg.transport, parent=os.getpid(),
-                         sys_path=list(sys.path), secret=secret, index=worker, inbox=f"ipc://{folder}/in-{worker}",
-                         outbox=f"ipc://{folder}/out")
+        return child_spec("decoder", self._cfg, self._cfg.transport, secret, index=worker,
+                          inbox=f"ipc://{folder}/in-{worker}", outbox=f"ipc://{folder}/out")
 
     # ----------------------------------------------------------------------------------------------
 

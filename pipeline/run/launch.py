@@ -72,6 +72,12 @@ class ChildSpec(msgspec.Struct, frozen=True, kw_only=True):
     """A resumed run's gate counters."""
 
 
+def child_spec(role: str, cfg: RunConfig, addresses: TransportSection, secret: bytes, **fields: Any) -> ChildSpec:
+    """The spec of a child of this process (its parent's pid and import path filled in)."""
+    return ChildSpec(role=role, config=cfg, addresses=addresses, parent=os.getpid(), sys_path=list(sys.path),
+                     secret=secret, **fields)
+
+
 class ChildExited(StageFailed):
     """A launched child exited while the run needed it."""
 

@@ -24,12 +24,9 @@ Across processes:
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
 import tempfile
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -55,7 +52,7 @@ from pipeline.transport import Context
 from stages.rollout import GateIdentity
 
 from .build import build_gate_stage, build_learner_stage
-from .launch import Child, ChildSpec, launch
+from .launch import Child, child_spec, launch
 from .runtime import AnnouncedSender
 
 REPORT_EVERY_S = 0.5
@@ -144,7 +141,7 @@ def place_stages(cfg: RunConfig, trainer: Trainer, *, capture_state: bool, secre
                                                     announced_on_socket=False))
         return PhaseStages(gate, learner, reports, _nothing_to_read)
     children = _ChildReports(reports_in)
-    gate_child = GateChild(cfg, secret, children) if cfg.gate.enabled else None
+    gate_child = GateChild(cfg, secret) if cfg.gate.enabled else None
     learner_child = LearnerChild(cfg, trainer, secret, children, capture_state=capture_state)
     children.gate, children.learner = gate_child, learner_child
     return PhaseStages(gate_child, learner_child, reports, children.receive)
@@ -173,23 +170,18 @@ class _LocalLearner:
         return AnnouncedSender(self.stage.expect, channel)
 
 
-def _spec(cfg: RunConfig, role: str, addresses: TransportSection, run_dir: Path, secret: bytes, **fields: Any) -> ChildSpec:
-    return ChildSpec(role=role, config=cfg, addresses=addresses, parent=os.getpid(), sys_path=list(sys.path), secret=secret,
-                     run_dir=str(run_dir), **fields)
-
-
 class GateChild:
     """The gate stage in a child process, as the phase reads it: the last `GateReport` it sent."""
 
-    def __init__(self, cfg: RunConfig, secret: bytes, children: _ChildReports) -> None:
-        self._cfg, self._secret, self._children = cfg, secret, children
+    def __init__(self, cfg: RunConfig, secret: bytes) -> None:
+        self._cfg, self._secret = cfg, secret
         self.child = Child("gate", "its process")
         self._identity: GateIdentity | None = None
         self._statistics: dict[str, float | None] = {}
         self._counters: dict[str, Any] | None = None
 
     async def run(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        spec = _spec(self._cfg, "gate", ctx.addresses, ctx.run_dir, self._secret, gate_counters=self._counters)
+        spec = child_spec("gate", self._cfg, ctx.addresses, self._secret, run_dir=str(ctx.run_dir), gate_counters=self._counters)
         await launch(self.child, spec, task_status=task_status)
 
     def identity(self) -> GateIdentity | None:
@@ -225,7 +217,7 @@ class LearnerChild:
 
     async def run(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         self._children.learner_version = self.version
-        spec = _spec(self._cfg, "learner", ctx.addresses, ctx.run_dir, self._secret, version=self.version,
+        spec = child_spec("learner", self._cfg, ctx.addresses, self._secret, run_dir=str(ctx.run_dir), version=self.version,
                      trainer_state=to_bytes(self._trainer.state_dict()), capture_state=self._capture_state)
         await launch(self.child, spec, task_status=task_status)
 
