@@ -14,7 +14,7 @@ BUDGETS = list_presets(CONFIGS / "budgets")
 
 
 def test_the_issue_s_arms_and_budgets_ship():
-    assert {"sync-grpo", "async-grpo", "gate", "gate-shadow", "dapo", "greso", "pilot-commit", "vip", "aero", "family",
+    assert {"sync-grpo", "async-grpo", "gate", "gate-shadow", "gate-stall-shadow", "dapo", "greso", "pilot-commit", "vip", "aero", "family",
             "composed"} <= {a.name for a in ARMS}
     assert {"tiny", "default"} <= {b.name for b in BUDGETS}
     assert all(p.description for p in ARMS + BUDGETS)
