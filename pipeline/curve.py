@@ -16,6 +16,10 @@ its files 0600; a secret key file that its group or others may read or write is 
 are loaded (`curve_problems`: a configuration error). inproc and ipc sockets are untouched
 (in-process, or guarded by file permissions).
 
+Key pairs made in memory (`own_keys`): where no folder is shared (on a Ray cluster, `pipeline/run/ray_launch.py`)
+each process makes its own pair, its secret key never leaving it, and is told the public keys it admits and
+the public key of the one server it connects to; `serve_zap` then admits that set instead of a folder.
+
 Refused handshakes are counted on the refusing socket through a socket monitor: `unauthenticated` (a
 CURVE client whose key is not listed: ZAP said no) and `handshake_failed` (no CURVE, or the wrong server
 key). They count connection attempts, whose frames never arrive, next to the socket's dropped frames.
@@ -54,8 +58,19 @@ class CurveKeys:
     server_secret: bytes
     client_public: bytes
     client_secret: bytes
-    authorized: Path
-    """Folder of admitted client public keys (*.key certificate files)."""
+    authorized: Path | frozenset[bytes]
+    """Folder of admitted client public keys (*.key certificate files), or the admitted public keys (z85)."""
+
+
+def new_key_pair() -> tuple[bytes, bytes]:
+    """A fresh CURVE key pair (z85 public, z85 secret), for the process that will use it (`own_keys`)."""
+    return zmq.curve_keypair()
+
+
+def own_keys(public: bytes, secret: bytes, *, admits: frozenset[bytes] = frozenset(), server: bytes = b"") -> CurveKeys:
+    """A process's own key pair (`zmq.curve_keypair()`, made in that process) as both its server and client
+    pair: its binds admit `admits` (z85 public keys), its connects expect the server key `server`."""
+    return CurveKeys(server or public, secret, public, secret, admits)
 
 
 def make_keys(directory: str | Path) -> list[Path]:
@@ -150,12 +165,27 @@ async def _ready(raw: zmq.Socket[Any]) -> None:
         await trio.lowlevel.wait_readable(fd)
 
 
-async def serve_zap(ctx: zmq.Context[Any], authorized: Path, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Answer the context's ZAP requests until cancelled: CURVE clients whose public key is listed pass."""
+class _Admitted:
+    """pyzmq's credentials provider for a set of public keys held in memory."""
+
+    def __init__(self, keys: frozenset[bytes]) -> None:
+        self._keys = keys
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return domain == ZAP_DOMAIN and key in self._keys
+
+
+async def serve_zap(ctx: zmq.Context[Any], authorized: Path | frozenset[bytes], *,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Answer the context's ZAP requests until cancelled: CURVE clients whose public key is listed (in the
+    folder, or in the set) pass."""
     auth = zmq.auth.Authenticator(ctx, log=None)
     auth.start()  # binds its REP socket at inproc://zeromq.zap.01, where libzmq sends the context's requests
     try:
-        auth.configure_curve(domain=ZAP_DOMAIN, location=str(authorized))
+        if isinstance(authorized, frozenset):
+            auth.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=_Admitted(authorized))
+        else:
+            auth.configure_curve(domain=ZAP_DOMAIN, location=str(authorized))
         task_status.started()
         while True:
             await _ready(auth.zap_socket)

@@ -196,24 +196,24 @@ def _add(into: dict[str, int], counts: Mapping[str, int]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def open_context(curve_dir: str = "", *, secret: bytes = b"") -> AsyncIterator[Context]:
+async def open_context(curve_dir: str = "", *, secret: bytes = b"", keys: curve.CurveKeys | None = None) -> AsyncIterator[Context]:
     """A fresh zmq context, terminated on exit (after sockets close, so their linger is honoured).
 
     With `secret` (`new_secret()`) its point-to-point sockets send sealed messages and drop unsealed or
     wrongly sealed ones as `bad_token` (see the module doc); without it they send and accept bare frames.
 
     `ctx.term()` blocks until every socket is closed and flushed; it runs in a worker thread so the Trio
-    loop stays responsive while messages drain. With `curve_dir` (a folder `curve_problems` accepts) tcp
-    sockets use CURVE; the ZAP handler and the refusal monitors run in this block's own nursery, which is
+    loop stays responsive while messages drain. With `curve_dir` (a folder `curve_problems` accepts), or
+    `keys` made in memory (`curve.own_keys`), tcp sockets use CURVE; the ZAP handler and the refusal monitors run in this block's own nursery, which is
     cancelled when the block ends, before the sockets close.
     """
     ctx: zmq.Context[Any] = zmq.Context()
     wrapper = Context(ctx, secret=secret)
     try:
-        if not curve_dir:
+        if not curve_dir and keys is None:
             yield wrapper
             return
-        keys = curve.load_keys(curve_dir)
+        keys = keys or curve.load_keys(curve_dir)
         async with trio.open_nursery() as nursery:  # a failure in the body comes out in an ExceptionGroup
             await nursery.start(curve.serve_zap, ctx, keys.authorized)
             wrapper = Context(ctx, keys, nursery, secret=secret)

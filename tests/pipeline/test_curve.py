@@ -9,7 +9,7 @@ import trio
 import zmq
 
 from pipeline.config import ConfigError, load_config
-from pipeline.curve import curve_problems, make_keys
+from pipeline.curve import curve_problems, make_keys, own_keys
 from pipeline.transport import Socket, open_context
 
 pytestmark = pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
@@ -164,3 +164,29 @@ async def test_inproc_sockets_need_no_keys_under_curve(tmp_path):
         await push.send(3)
         with trio.fail_after(20):
             assert await pull.receive() == 3
+
+
+async def test_key_pairs_made_in_memory_admit_exactly_the_public_keys_they_were_told(monkeypatch):
+    """`own_keys` (a Ray actor's own pair): the binder admits the listed public keys only; the connector
+    expects the binder's public key. No folder, no secret key leaves the process that made it."""
+    refused: dict[str, trio.Event] = collections.defaultdict(trio.Event)
+    drop = Socket.drop
+    monkeypatch.setattr(Socket, "drop", lambda self, reason, detail="": (drop(self, reason, detail), refused[reason].set()))
+    server, client, stranger = zmq.curve_keypair(), zmq.curve_keypair(), zmq.curve_keypair()
+    raw_ctx = zmq.Context()
+    try:
+        async with open_context(keys=own_keys(*server, admits=frozenset({client[0]}))) as binder, \
+                open_context(keys=own_keys(*client, server=server[0])) as connector:
+            pull = binder.socket("pull", "tcp://127.0.0.1:0", bind=True, receives=int, name="decoders")
+            unlisted = _intruder(raw_ctx, pull.address, client_keys=stranger, server_key=server[0])
+            with trio.fail_after(20):
+                await refused["unauthenticated"].wait()
+            push = connector.socket("push", pull.address, bind=False)
+            await push.send(5)
+            with trio.fail_after(20):
+                assert await pull.receive() == 5
+            assert pull.statistics().received == 1
+            assert set(binder.dropped_frames()["decoders"]) == {"unauthenticated"}
+            unlisted.close()
+    finally:
+        raw_ctx.term()
