@@ -17,15 +17,17 @@ the learner do not know whether decoding is local or not:
   any request is in flight (a wall span in this process), the workers' CPU (each worker process bound to
   the stage), replies per second and the round-trip latency of a request.
 
-Addresses are `ipc://` files in a private temporary folder and every frame is sealed with the pool's own
-secret: the same code runs across hosts with tcp addresses. A worker that dies stops the run with
+The workers are started by a `launch.Launcher`: locally (the default) child processes that talk over
+`ipc://` files in a private folder, every frame sealed with the pool's own secret; on Ray
+(`ray_launch.RayLauncher`) actors on the cluster's nodes that reach this process's tcp sockets, bound on an
+ephemeral port each, over CURVE with key pairs each side made for itself. A worker that dies stops the run with
 `launch.ChildExited` naming it (no silent restart); a worker also exits by itself if this process dies (it
 watches its parent), so no orphan is left behind.
 """
 
 from __future__ import annotations
 
-import tempfile
+import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ import trio
 
 from pipeline import tensors
 from pipeline.config import RunConfig
+from pipeline.histogram import LogHistogram
 from pipeline.messages import (
     AbandonRequest,
     ActReply,
@@ -48,10 +51,10 @@ from pipeline.messages import (
     WorkerOutbox,
 )
 from pipeline.profiling import Profiler
-from pipeline.transport import Context, new_secret, open_context
+from pipeline.transport import Context, open_context
 from stages.policy.base import ActResult, AgentContext, Policy, PolicyHooks, PolicyStopped, TrainableModel
 
-from .launch import Child, ChildSpec, child_spec, launch
+from .launch import Child, Launcher, LocalLauncher, child_spec
 
 log = structlog.get_logger(__name__)
 
@@ -75,6 +78,9 @@ class PoolStatistics:
     generated_tokens: int
     version: int
     workers: int
+    round_trip_p50_s: float | None
+    round_trip_p99_s: float | None
+    """An answered `act()` from request to reply (None before the first)."""
 
 
 def serialise_weights(state: Mapping[str, Any]) -> bytes:
@@ -90,9 +96,15 @@ def deserialise_weights(blob: bytes) -> dict[str, torch.Tensor]:
 class WorkerPoolPolicy(PolicyHooks):
     """Implements `stages.policy.base.Policy` over `workers` decoding processes."""
 
-    def __init__(self, local: Policy, cfg: RunConfig, *, workers: int, weights: Mapping[str, Any]) -> None:
+    def __init__(self, local: Policy, cfg: RunConfig, *, workers: int, weights: Mapping[str, Any],
+                 launcher: Launcher | None = None) -> None:
         if workers < 1:
             raise ValueError("a worker pool needs at least one worker")
+        self._launcher = launcher or LocalLauncher()
+        self._sockets: Context | None = None  # the zmq context of the current `serve`
+        self.address = ""
+        """Where the workers send their replies (while serving; logged with `policy.workers_ready`)."""
+        self._dropped: dict[str, dict[str, int]] = {}
         self.version = local.version
         self.workers = workers
         self._local = local
@@ -105,6 +117,7 @@ class WorkerPoolPolicy(PolicyHooks):
         self._requests = 0
         self._serving = False
         self._stats = {"answered": 0, "abandoned": 0, "generated_tokens": 0}
+        self._round_trips = LogHistogram()
         self._profiler: Profiler | None = None
         self._children: list[Child] = []  # the worker processes of the current `serve`
         self._in_flight_span: Any = None  # the `policy` busy span while requests are outstanding
@@ -136,10 +149,11 @@ class WorkerPoolPolicy(PolicyHooks):
             del self._pending[request_id]
             if pending.reply is None and self._serving:  # the caller was cancelled: free the worker's slot
                 self._stats["abandoned"] += 1
-                self._post(worker, AbandonRequest(request_id=request_id))
+                self._notify(worker, AbandonRequest(request_id=request_id))
         reply = pending.reply
         if reply is None:
             raise PolicyStopped("the decoding workers stopped before answering")
+        self._round_trips.add(time.perf_counter() - started)
         if self._profiler is not None:
             self._profiler.latency("policy", "request", time.perf_counter() - started)
             self._profiler.items("policy")
@@ -168,25 +182,30 @@ class WorkerPoolPolicy(PolicyHooks):
                 profiler.bind_process("policy", child.pid)
 
     def statistics(self) -> PoolStatistics:
-        return PoolStatistics(requests=self._requests, **self._stats, version=self.version, workers=self.workers)
+        answered = self._stats["answered"] > 0
+        return PoolStatistics(requests=self._requests, **self._stats, version=self.version, workers=self.workers,
+                              round_trip_p50_s=self._round_trips.quantile(0.5) if answered else None,
+                              round_trip_p99_s=self._round_trips.quantile(0.99) if answered else None)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._inboxes, self._outstanding = [], [0] * self.workers
         self._children = [Child("policy", f"decoding worker {worker}") for worker in range(self.workers)]
-        secret = new_secret()  # the pool's own: seals every request and reply
-        with tempfile.TemporaryDirectory(prefix="rollcut-workers-") as folder:
-            async with open_context(secret=secret) as zmq, trio.open_nursery() as nursery:
-                outbox = zmq.socket("pull", f"ipc://{folder}/out", bind=True, receives=WorkerOutbox)
+        async with self._launcher.place("decoder", self._children, env={"OMP_NUM_THREADS": "1"}) as placed:
+            async with open_context(**placed.context_options()) as zmq, trio.open_nursery() as nursery:
+                outbox = zmq.socket("pull", placed.bind_address("out"), bind=True, receives=WorkerOutbox, name="decoders")
+                self._sockets, self.address = zmq, placed.reachable(outbox.address)
                 for worker, child in enumerate(self._children):
                     send, receive = trio.open_memory_channel[WorkerInbox](4096)
                     self._inboxes.append(send)
-                    await nursery.start(self._forward, zmq, f"ipc://{folder}/in-{worker}", receive)
-                    nursery.start_soon(partial(launch, child, self._spec(worker, folder, secret), env={"OMP_NUM_THREADS": "1"}))
+                    inbox = await nursery.start(self._forward, zmq, placed.bind_address(f"in-{worker}"), receive)
+                    spec = child_spec("decoder", self._cfg, self._cfg.transport, index=worker,
+                                      inbox=placed.reachable(inbox), outbox=placed.reachable(outbox.address))
+                    nursery.start_soon(partial(placed.launch, child, placed.sealed(spec)))
                 try:
                     nursery.start_soon(self._dispatch, outbox)
                     for child in self._children:  # all start at once; each says ready on the outbox
                         await child.ready.wait()
-                    log.info("policy.workers_ready", workers=self.workers)
+                    log.info("policy.workers_ready", workers=self.workers, outbox=self.address)
                     if self._profiler is not None:  # attached before serve: the workers just started count as `policy`
                         self.attach_profiler(self._profiler)
                     for worker in range(self.workers):
@@ -196,13 +215,20 @@ class WorkerPoolPolicy(PolicyHooks):
                     await trio.sleep_forever()
                 finally:
                     self._serving = False
+                    self._dropped = zmq.dropped_frames()
+                    self._sockets = None
                     for pending in self._pending.values():
                         pending.done.set()  # no reply: PolicyStopped in act()
                     nursery.cancel_scope.cancel()
 
-    def _spec(self, worker: int, folder: str, secret: bytes) -> ChildSpec:
-        return child_spec("decoder", self._cfg, self._cfg.transport, secret, index=worker,
-                          inbox=f"ipc://{folder}/in-{worker}", outbox=f"ipc://{folder}/out")
+    @property
+    def children(self) -> tuple[Child, ...]:
+        """The decoding workers of the current (or last) `serve`: where each runs (`Child.pid`, `Child.node`)."""
+        return tuple(self._children)
+
+    def dropped_frames(self) -> dict[str, dict[str, int]]:
+        """The frames (and, on Ray, the refused CURVE handshakes) the pool's sockets dropped, by socket."""
+        return self._sockets.dropped_frames() if self._sockets is not None else dict(self._dropped)
 
     # ----------------------------------------------------------------------------------------------
 
@@ -212,12 +238,20 @@ class WorkerPoolPolicy(PolicyHooks):
         except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError) as exc:
             raise PolicyStopped(f"cannot reach decoding worker {worker}: {type(exc).__name__}") from exc
 
+    def _notify(self, worker: int, message: AbandonRequest) -> None:
+        """Best effort, for a caller that is being cancelled: raising here would replace its `Cancelled` (a
+        trajectory cancelled at the phase's end would count as failed), and a worker whose inbox is already
+        closed is going away with the request."""
+        with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            self._inboxes[worker].send_nowait(message)
+
     async def _forward(self, zmq: Context, address: str, receive: trio.MemoryReceiveChannel[WorkerInbox], *,
-                       task_status: trio.TaskStatus[None]) -> None:
-        """Own one worker's PUSH socket: everything for that worker goes through here."""
+                       task_status: trio.TaskStatus[str]) -> None:
+        """Own one worker's PUSH socket (started with the address it bound): everything for that worker goes
+        through here."""
         push = zmq.socket("push", address, bind=True)
         async with push, receive:
-            task_status.started()
+            task_status.started(push.address)
             async for message in receive:
                 await push.send(message)
 

@@ -11,6 +11,7 @@ import traceback
 from pathlib import Path
 
 from pipeline.stage import StageFailed
+from stages.policy.base import PolicyStopped
 
 from . import resume
 
@@ -31,9 +32,13 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 
 def failure_message(exc: BaseException, run_dir: Path, saved: str) -> str:
-    """One readable paragraph: which stage failed (by the file that raised), what, and what to do."""
+    """One readable paragraph: which stage failed (by the file that raised), what, and what to do. A
+    `PolicyStopped` beside another failure is its consequence (the policy's server or workers went away with
+    the run) and is left out."""
     lines = []
-    for leaf in _leaves(exc):
+    leaves = _leaves(exc)
+    causes = [leaf for leaf in leaves if not isinstance(leaf, PolicyStopped)]
+    for leaf in causes or leaves:
         if isinstance(leaf, StageFailed):  # the stage said what went wrong
             lines.append(str(leaf))
             continue

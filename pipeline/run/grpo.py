@@ -109,8 +109,13 @@ async def run_grpo(
     """
     secret = new_secret()  # seals every frame of the phase's sockets; stage processes get it as they start
     async with open_context(cfg.transport.curve_dir, secret=secret) as zmq, addresses(cfg) as t:
+
+        def dropped_frames() -> dict[str, dict[str, int]]:
+            """The phase's sockets' drops and refusals, and the policy's own (the decoding workers' pool)."""
+            return resume.add_counts(zmq.dropped_frames(), policy.dropped_frames())
+
         w = _build(cfg, suite, policy, tasks, allocator, trainer, profiler, metrics, progress, checkpointer, restore,
-                   evaluate, zmq.dropped_frames, secret)
+                   evaluate, dropped_frames, secret)
         phase, ctx = w.phase, StageContext(zmq=zmq, addresses=t, run_dir=run_dir, profiler=profiler)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(monitor_loop_lag, phase.counters)
@@ -141,7 +146,7 @@ async def run_grpo(
     phase.lifecycle.finish()
     if w.stages.gate is not None:
         w.stages.gate.finish()
-    outcome.dropped_frames = resume.add_counts(phase.counters.resumed_dropped_frames, zmq.dropped_frames())
+    outcome.dropped_frames = resume.add_counts(phase.counters.resumed_dropped_frames, dropped_frames())
     return outcome
 
 

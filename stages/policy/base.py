@@ -92,6 +92,12 @@ class PolicyHooks(ABC):  # noqa: B024 (no abstract method: every hook is optiona
         down and stops its loop thread). A close that raises is logged; the run still ends. Default: nothing
         to release."""
 
+    def dropped_frames(self) -> dict[str, dict[str, int]]:
+        """Called by the GRPO phase (`pipeline/run/grpo.py`) with every metrics row and at its end: the frames
+        a backend's own sockets dropped, by socket and reason (`pipeline.transport.Context.dropped_frames`),
+        counted with the run's own in `dropped_frames`. Default: none (a backend without sockets)."""
+        return {}
+
     def statistics(self) -> Any:
         """Called by the run's summary and benchmarks, on the Trio thread, at any time: a record of what the
         policy did so far (trio's `statistics()` convention); the run reads `generated_tokens` from it when
