@@ -32,7 +32,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="TOML config file")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--out", help="parent folder of run folders (same as --set run.out=DIR)")
+    parser.add_argument("--ray", metavar="ADDRESS", help="decoders as actors on this Ray cluster: auto, HOST:PORT, or '' "
+                        "to start Ray here (same as --set placement.launcher=ray --set placement.address=ADDRESS; docs/ray.md)")
     return parser
+
+
+def _ray_overrides(args: argparse.Namespace) -> list[str]:
+    if args.ray is None:
+        return []
+    return ['placement.launcher="ray"', f"placement.address={_toml_str(args.ray)}"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.config import ConfigError, dump_toml
     from pipeline.run.checks import load
 
-    overrides = list(args.overrides) + ([f"run.out={_toml_str(args.out)}"] if args.out else [])
+    overrides = list(args.overrides) + ([f"run.out={_toml_str(args.out)}"] if args.out else []) + _ray_overrides(args)
     try:
         cfg = load(args.config, overrides)
     except ConfigError as exc:
@@ -147,7 +155,7 @@ def _resume(args: argparse.Namespace) -> int:
         return 2
     try:
         saved = load(run_dir / "config.toml", [])
-        cfg = load(run_dir / "config.toml", args.overrides)
+        cfg = load(run_dir / "config.toml", list(args.overrides) + _ray_overrides(args))
     except ConfigError as exc:
         print(f"run.py resume: {exc}", file=sys.stderr)
         return 2

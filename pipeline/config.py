@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from .config_learner import EvalSection, LearnerSection, RangeSizes
+from .config_placement import PlacementSection, RoleResources
 from .config_sections import (
     AllocatorSection,
     EnvSection,
@@ -38,10 +39,12 @@ __all__ = [
     "GateSection",
     "LearnerSection",
     "NameCheck",
+    "PlacementSection",
     "PolicySection",
     "PretrainSection",
     "ProfileSection",
     "RangeSizes",
+    "RoleResources",
     "RolloutSection",
     "RunConfig",
     "RunSection",
@@ -65,6 +68,7 @@ class RunConfig(_Section):
     learner: LearnerSection = LearnerSection()
     eval: EvalSection = EvalSection()
     transport: TransportSection = TransportSection()
+    placement: PlacementSection = PlacementSection()
     profile: ProfileSection = ProfileSection()
     stages: list[StageSpec] = []
     trackers: dict[str, dict[str, Any]] = {}
@@ -143,6 +147,9 @@ def _range_problems(cfg: RunConfig) -> list[str]:
     if cfg.run.target_heldout and not (cfg.eval.every > 0 and cfg.eval.periodic_tasks() > 0):
         problems.append("run.target_heldout needs eval.every > 0 and eval.tasks (or eval.curve_tasks) > 0 (held-out "
                         f"success is measured then, on the {cfg.eval.curve_range} range)")
+    if cfg.placement.launcher == "ray" and cfg.transport.mode != "threads":
+        problems.append("placement.launcher = \"ray\" places the decoding workers on the cluster and keeps the gate and "
+                        "learner stages in the coordinator: set transport.mode = \"threads\"")
     return problems
 
 

@@ -56,3 +56,12 @@ def test_bad_curve_keys_folder_is_exit_2_and_keys_makes_a_usable_one(tmp_path):
     assert good.returncode == 0, good.stderr  # with keys, a non-loopback bind is allowed
     again = subprocess.run([sys.executable, "run.py", "keys", f"{tmp_path}/keys"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "already holds keys" in again.stderr
+
+
+def test_ray_address_is_a_shortcut_for_the_placement_keys(capsys):
+    pytest.importorskip("ray")
+    from run import main
+
+    assert main(["check", "--ray", "auto"]) == 0
+    dumped = capsys.readouterr().out
+    assert 'launcher = "ray"' in dumped and 'address = "auto"' in dumped

@@ -10,7 +10,8 @@ apart from the warm start of `build_backend`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import msgspec
@@ -30,6 +31,7 @@ from stages.gate_stage import GateStage
 from stages.policy import POLICIES, Policy
 
 from .decoding_pool import WorkerPoolPolicy
+from .launch import Launcher, LocalLauncher
 
 
 def build_suite(cfg: RunConfig) -> EnvSuite:
@@ -44,13 +46,37 @@ def build_backend(cfg: RunConfig, suite: EnvSuite, *, warm_start: bool = True) -
 
 
 def build_policy(cfg: RunConfig, suite: EnvSuite, *, warm_start: bool = True, workers: int | None = None) -> Policy:
-    """The run's policy: the backend, behind a pool of decoding processes when `policy.workers` (or
-    `workers`) > 1 (`decoding_pool.py`; each worker builds its backend with `build_backend`: `decoding_worker.py`)."""
+    """The run's policy: the backend, behind a pool of decoding workers when `policy.workers` (or `workers`)
+    > 1, or on Ray whenever the caller did not ask for `workers` (`decoding_pool.py`; each worker builds its
+    backend with `build_backend`: `decoding_worker.py`). `workers=1`: this process decodes, wherever the
+    run's decoders are."""
     local = build_backend(cfg, suite, warm_start=warm_start)
+    on_ray = cfg.placement.launcher == "ray" and workers is None
     workers = cfg.policy.workers if workers is None else workers
-    if workers <= 1:
+    if workers <= 1 and not on_ray:
         return local
-    return WorkerPoolPolicy(local, cfg, workers=workers, weights=local.trainable().state_dict())
+    return WorkerPoolPolicy(local, cfg, workers=workers, weights=local.trainable().state_dict(), launcher=build_launcher(cfg))
+
+
+def build_launcher(cfg: RunConfig) -> Launcher:
+    """How the run's children start (`placement.launcher`): child processes, or Ray actors."""
+    if cfg.placement.launcher == "ray":
+        from .ray_launch import RayLauncher  # Ray is an optional extra: imported only when asked for
+
+        return RayLauncher(cfg.placement)
+    return LocalLauncher()
+
+
+@contextlib.asynccontextmanager
+async def cluster(cfg: RunConfig) -> AsyncIterator[None]:
+    """The job's cluster for its whole life: none locally; on Ray, this process joined to `placement.address`."""
+    if cfg.placement.launcher != "ray":
+        yield
+        return
+    from .ray_launch import joined
+
+    async with joined(cfg.placement):
+        yield
 
 
 def train_tasks(cfg: RunConfig, suite: EnvSuite) -> list[Task]:

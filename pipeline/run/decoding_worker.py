@@ -3,13 +3,15 @@
 It builds the configured backend (`build.build_backend`; its weights arrive first as `LoadWeights` from the
 pool, so no warm start runs here), serves `ActRequest`s from its inbox (PULL, connected) as concurrent
 `act()` calls that the backend batches, and pushes `ActReply`s to the pool's outbox; an `AbandonRequest`
-cancels the waiting call. Its frames are sealed with the pool's secret.
+cancels the waiting call. Its frames are sealed with the pool's secret (a child process) or CURVE-encrypted
+with its own key pair (a Ray actor, `ray_launch.py`).
 """
 
 from __future__ import annotations
 
 import trio
 
+from pipeline.curve import CurveKeys
 from pipeline.messages import (
     AbandonRequest,
     ActReply,
@@ -43,18 +45,19 @@ async def _answer(policy: Policy, request: ActRequest, index: int, scope: trio.C
         ))
 
 
-async def serve_decoder(spec: ChildSpec) -> None:
+async def serve_decoder(spec: ChildSpec, keys: CurveKeys | None) -> None:
     """A decoding worker (role "decoder" of `launch.py`): builds the backend (its weights arrive first as
     `LoadWeights` from the pool, so no warm start runs here), serves `ActRequest`s from its inbox (PULL,
     connected) as concurrent `act()` calls that the backend batches, and pushes `ActReply`s to the pool's
-    outbox. An `AbandonRequest` cancels the waiting call."""
+    outbox. An `AbandonRequest` cancels the waiting call. Its sockets are sealed with the pool's secret, or
+    (on Ray) use CURVE with its own `keys`, expecting the pool's `spec.server_key`."""
     cfg = spec.config
     policy = build_backend(cfg, build_suite(cfg), warm_start=False)
     replies, outgoing = trio.open_memory_channel[WorkerOutbox](4096)
     scopes: dict[int, trio.CancelScope] = {}
-    async with open_context(secret=spec.secret) as zmq, trio.open_nursery() as nursery:
+    async with open_context(secret=spec.secret, keys=keys) as zmq, trio.open_nursery() as nursery:
         inbox = zmq.socket("pull", spec.inbox, bind=False, receives=WorkerInbox)
-        outbox = zmq.socket("push", spec.outbox, bind=False)
+        outbox = zmq.socket("push", spec.outbox, bind=False, linger_ms=0)  # a stopped pool reads no more replies
         await nursery.start(policy.serve)
 
         async def send_replies() -> None:

@@ -32,7 +32,15 @@ from stages.evaluate import EvalReport, evaluate_splits
 from stages.policy import Policy
 
 from . import resume
-from .build import build_allocator, build_observers, build_policy, build_suite, build_trainer, train_tasks
+from .build import (
+    build_allocator,
+    build_observers,
+    build_policy,
+    build_suite,
+    build_trainer,
+    cluster,
+    train_tasks,
+)
 from .failure import failure_message, save_on_failure
 from .grpo import GrpoOutcome, run_grpo
 from .learning_curve import curve_points, write_learning_curve
@@ -139,8 +147,9 @@ async def run_job(
     trackers, started, finished = Trackers(), time.time(), False
     try:
         trackers = _open_trackers(cfg, run_dir, checkpoint if resume_dir is not None else None, resumed=resume_dir is not None)
-        result = await _run_phases(cfg, run_dir, checkpoint, progress, stop if stop is not None else trio.Event(), wall_started, built,
-                                   trackers=trackers)
+        async with cluster(cfg):  # on Ray: joined for the whole job (`placement.address`)
+            result = await _run_phases(cfg, run_dir, checkpoint, progress, stop if stop is not None else trio.Event(), wall_started,
+                                       built, trackers=trackers)
         finished = True
         return result
     finally:

@@ -12,6 +12,12 @@ deleted by the child: the secret never appears on a command line, and nothing is
 * death: a child that exits by itself sets `Child.ended` and fails the run with `ChildExited` naming it;
 * orphans: a child watches its parent and exits when the parent is gone.
 
+That is the local launcher (`LocalLauncher`). A parent that starts a set of children goes through a
+`Launcher`, so that the same code starts them as Ray actors (`ray_launch.RayLauncher`, `placement.launcher =
+"ray"`): `place` starts the children's hosts and learns who they are (nothing for child processes; a Ray
+actor's node and the public key of the CURVE key pair it made), and the `Placed` it gives says where the
+parent binds, how its zmq context is sealed and what each spec carries, and launches each child.
+
 The child's role (`ROLES`) names the function that serves it; the roles live with their parent side
 (`stage_children.py`: gate and learner, `decoding_worker.py`: a decoding worker) and build what they serve with
 `build.py`, from the config they were given.
@@ -19,21 +25,25 @@ The child's role (`ROLES`) names the function that serves it; the roles live wit
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import signal
 import sys
 import tempfile
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import trio
 
 from pipeline.config import RunConfig, TransportSection
+from pipeline.curve import CurveKeys
 from pipeline.stage import StageFailed
+from pipeline.transport import new_secret
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = {
@@ -41,7 +51,8 @@ ROLES = {
     "learner": "pipeline.run.stage_children:serve_learner",
     "decoder": "pipeline.run.decoding_worker:serve_decoder",
 }
-"""A child's role -> the `async def serve(spec)` that runs it (imported in the child only)."""
+"""A child's role -> the `async def serve(spec, keys)` that runs it (imported in the child only; `keys`: the
+child's own CURVE key pair on Ray, None for a child process, whose sockets the run's secret seals)."""
 
 
 class ChildSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,9 +81,12 @@ class ChildSpec(msgspec.Struct, frozen=True, kw_only=True):
     """The learner puts its trainer state in every report (the run writes checkpoints)."""
     gate_counters: dict[str, Any] | None = None
     """A resumed run's gate counters."""
+    server_key: bytes = b""
+    """On Ray: the CURVE public key of the parent's sockets this child connects to (its frames are not sealed
+    with a secret there: CURVE admits only the keys the parent was told)."""
 
 
-def child_spec(role: str, cfg: RunConfig, addresses: TransportSection, secret: bytes, **fields: Any) -> ChildSpec:
+def child_spec(role: str, cfg: RunConfig, addresses: TransportSection, secret: bytes = b"", **fields: Any) -> ChildSpec:
     """The spec of a child of this process (its parent's pid and import path filled in)."""
     return ChildSpec(role=role, config=cfg, addresses=addresses, parent=os.getpid(), sys_path=list(sys.path),
                      secret=secret, **fields)
@@ -93,6 +107,9 @@ class Child:
     ready: trio.Event = field(default_factory=trio.Event)
     ended: trio.Event = field(default_factory=trio.Event)
     pid: int | None = None
+    """Its process id when it runs on this machine (the profile reads its CPU), else None."""
+    node: str = ""
+    """The Ray node it was placed on ("" for a child process of this one)."""
 
 
 async def launch(child: Child, spec: ChildSpec, *, env: dict[str, str] | None = None,
@@ -118,6 +135,74 @@ async def _fail_on_exit(child: Child, process: trio.Process) -> None:
     raise ChildExited(child.stage, f"{child.what} exited with code {process.returncode} (its stderr is above)")
 
 
+class Placed(Protocol):
+    """A set of children placed by a `Launcher`, not yet launched."""
+
+    def context_options(self) -> dict[str, Any]:
+        """`open_context` keywords for the parent's sockets that these children reach."""
+        ...
+
+    def bind_address(self, name: str) -> str:
+        """Where the parent binds its socket `name` (read the real address back from the socket)."""
+        ...
+
+    def reachable(self, bound: str) -> str:
+        """The address the children are given for a socket the parent bound at `bound`."""
+        ...
+
+    def sealed(self, spec: ChildSpec) -> ChildSpec:
+        """`spec` with what its child needs to reach the parent's sockets (the secret, or a server key)."""
+        ...
+
+    async def launch(self, child: Child, spec: ChildSpec, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run `spec` until cancelled (started once `child.ready` is set); fails with `ChildExited`."""
+        ...
+
+
+class Launcher(Protocol):
+    """How a parent starts its children: `LocalLauncher` or `ray_launch.RayLauncher` (`build.build_launcher`)."""
+
+    def place(self, role: str, children: Sequence[Child], *,
+              env: dict[str, str] | None = None) -> contextlib.AbstractAsyncContextManager[Placed]:
+        """Place `children`, all of `role` (each one's host exists inside the block and is gone after it)."""
+        ...
+
+
+class LocalLauncher:
+    """Children as processes of this one, talking over ipc:// files in a private folder, sealed by a secret."""
+
+    def place(self, role: str, children: Sequence[Child], *,
+              env: dict[str, str] | None = None) -> contextlib.AbstractAsyncContextManager[Placed]:
+        return self._place(env)
+
+    @contextlib.asynccontextmanager
+    async def _place(self, env: dict[str, str] | None) -> AsyncIterator[Placed]:
+        with tempfile.TemporaryDirectory(prefix="rollcut-children-") as folder:  # 0700: only this user reaches it
+            yield _LocalPlaced(folder, new_secret(), env)
+
+
+@dataclass(frozen=True)
+class _LocalPlaced:
+    folder: str
+    secret: bytes
+    env: dict[str, str] | None
+
+    def context_options(self) -> dict[str, Any]:
+        return {"secret": self.secret}
+
+    def bind_address(self, name: str) -> str:
+        return f"ipc://{self.folder}/{name}"
+
+    def reachable(self, bound: str) -> str:
+        return bound
+
+    def sealed(self, spec: ChildSpec) -> ChildSpec:
+        return msgspec.structs.replace(spec, secret=self.secret)
+
+    async def launch(self, child: Child, spec: ChildSpec, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await launch(child, spec, env=self.env, task_status=task_status)
+
+
 def write_private(path: Path, data: bytes) -> None:
     """Write a file only its owner can read, from the start (it holds the run's secret)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -136,12 +221,16 @@ async def watch_parent(parent: int, cancel: trio.CancelScope) -> None:
     cancel.cancel()
 
 
-async def _serve(spec: ChildSpec) -> None:
+async def serve_role(spec: ChildSpec, keys: CurveKeys | None) -> None:
+    """Serve `spec.role` in this process (a child process, or a Ray actor's thread) until it returns."""
     module, _, name = ROLES[spec.role].partition(":")
-    serve = getattr(importlib.import_module(module), name)
+    await getattr(importlib.import_module(module), name)(spec, keys)
+
+
+async def _serve(spec: ChildSpec) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch_parent, spec.parent, nursery.cancel_scope)
-        await serve(spec)
+        await serve_role(spec, None)
         nursery.cancel_scope.cancel()
 
 

@@ -199,7 +199,7 @@ IGNORED = ("run.name", "run.out")
 HARMLESS = (
     "run.updates", "run.max_wall_s", "run.progress", "run.torch_threads", "run.checkpoint_every", "run.flat_memory", "run.malloc_arenas",
     "run.target_heldout", "policy.workers", "run.trackers", "trackers.", "policy.device", "learner.device",
-    "learner.torch_threads", "policy.max_batch", "policy.max_wait_ms", "policy.cache_dir", "profile.", "transport.",
+    "learner.torch_threads", "policy.max_batch", "policy.max_wait_ms", "policy.cache_dir", "profile.", "transport.", "placement.",
     "eval.",
 )
 """Change how long or how observably the run goes on, not what it learns."""

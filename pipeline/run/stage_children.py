@@ -19,6 +19,7 @@ import torch
 import trio
 
 from pipeline.counters import GroupsConsumed, LearnerReport
+from pipeline.curve import CurveKeys
 from pipeline.messages import FramesDropped, GateReport, LearnerDropped, LearnerUpdated, StageReady
 from pipeline.profiling import Profiler
 from pipeline.stage import StageContext
@@ -31,11 +32,11 @@ from .placement import REPORT_EVERY_S, from_bytes, to_bytes
 
 
 @contextlib.asynccontextmanager
-async def _child_context(stage: str, spec: ChildSpec) -> AsyncIterator[tuple[Context, Any, trio.Nursery, StageContext]]:
+async def _child_context(stage: str, spec: ChildSpec, keys: CurveKeys | None) -> AsyncIterator[tuple[Context, Any, trio.Nursery, StageContext]]:
     """A child's zmq context (sealed with the run's secret), its reports PUSH, a nursery that also reports the
     frames this process's sockets drop, and the stage context."""
     t = spec.addresses
-    async with open_context(t.curve_dir, secret=spec.secret) as zmq, trio.open_nursery() as nursery:
+    async with open_context(t.curve_dir, secret=spec.secret, keys=keys) as zmq, trio.open_nursery() as nursery:
         reports = zmq.socket("push", t.reports, bind=False, hwm=t.hwm)
         async with reports:
             nursery.start_soon(_report_drops, stage, zmq, reports)
@@ -75,12 +76,12 @@ class _WireReports:
             trainer_state=to_bytes(message.trainer_state)))
 
 
-async def serve_learner(spec: ChildSpec) -> None:
+async def serve_learner(spec: ChildSpec, keys: CurveKeys | None) -> None:
     cfg = spec.config
     torch.set_num_threads(cfg.learner.torch_threads)
     model = build_backend(cfg, build_suite(cfg), warm_start=False).trainable()  # only its trainable model is used
     trainer = build_trainer(cfg, model, from_bytes(spec.trainer_state))
-    async with _child_context("learner", spec) as (_zmq, reports, nursery, ctx):
+    async with _child_context("learner", spec, keys) as (_zmq, reports, nursery, ctx):
         learner = build_learner_stage(cfg, trainer, _WireReports(reports), version=spec.version,
                                       capture_state=spec.capture_state, announced_on_socket=True)
         await nursery.start(learner.run, ctx)
@@ -88,9 +89,9 @@ async def serve_learner(spec: ChildSpec) -> None:
         await trio.sleep_forever()
 
 
-async def serve_gate(spec: ChildSpec) -> None:
+async def serve_gate(spec: ChildSpec, keys: CurveKeys | None) -> None:
     gate = build_gate_stage(spec.config, spec.gate_counters)
-    async with _child_context("gate", spec) as (zmq, reports, _nursery, ctx):
+    async with _child_context("gate", spec, keys) as (zmq, reports, _nursery, ctx):
         # The parent stops this process with SIGTERM when the phase ends; the statistics since the last
         # periodic report (all of them, in a phase shorter than REPORT_EVERY_S) would die with it.
         with trio.open_signal_receiver(signal.SIGTERM) as stop_requests:  # before ready: every stop is answered

@@ -1,0 +1,150 @@
+"""Decoders as Ray actors against decoders as local processes, at N decoders, side by side (docs/scaling.md).
+
+    python bench/bench_scaling.py [--decoders 1,2,3,4] [--seconds 45] [--seeds 0,1,2] [--out docs/scaling]
+                                  [--set KEY=VALUE ...]
+
+For each seed, each N and each launcher — `processes` (child processes of this one, `launch.LocalLauncher`)
+and `ray` (actors on a Ray instance started on this machine for the bench: one node, `ray_launch.RayLauncher`)
+— one GRPO phase of the default pipeline runs for `--seconds` with N decoding workers (the policy behind a
+pool also at N = 1, so both launchers pay the same hop), in an order that alternates the launchers so that
+machine noise hits both alike. Per arm it records env-steps/s, trajectory slot occupancy, this process's CPU
+share (the coordinator: admission, rollout stage, gate and learner stages; the learner's update thread
+included), and the act() round trip (request to reply, p50 / p99).
+
+Prints each arm as it ends, then a table per N (mean and range over the seeds, Ray / processes ratio), and
+writes `DIR/scaling.json` (every arm) and `DIR/scaling.md` (the table, the command, the machine, its load
+before and after). Ray sees `max(N)` logical CPUs, so on a machine with fewer cores the actors share them as
+the processes do. Goal (issue 38): Ray's env-steps/s within 10 % of processes mode at every N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+from bench_pipeline import pipeline_run  # noqa: I001 (bench/ is on sys.path when run as a script)
+
+from pipeline.run.build import build_backend, build_launcher, build_suite
+from pipeline.run.checks import load
+from pipeline.run.decoding_pool import WorkerPoolPolicy
+from pipeline.rundir import configure_logging
+
+LAUNCHERS = ("processes", "ray")
+
+
+def counts(spec: str) -> list[int]:
+    found = sorted({int(part) for part in spec.split(",") if part.strip()})
+    if not found or found[0] < 1:
+        raise SystemExit(f"--decoders: counts >= 1, comma-separated (got {spec!r})")
+    return found
+
+
+def arm(cfg: Any, suite: Any, launcher: str, decoders: int, seed: int, run_dir: Path) -> dict[str, Any]:
+    """One GRPO phase with `decoders` workers placed by `launcher`; its figures."""
+    cfg = msgspec.structs.replace(cfg, run=msgspec.structs.replace(cfg.run, seed=seed),
+                                  placement=msgspec.structs.replace(cfg.placement, launcher="ray" if launcher == "ray" else "local"))
+    local = build_backend(cfg, suite)  # the cached warm start: every arm starts from the same weights
+    policy = WorkerPoolPolicy(local, cfg, workers=decoders, weights=local.trainable().state_dict(), launcher=build_launcher(cfg))
+    tasks = list(suite.tasks("train"))[: cfg.env.train_tasks]
+    cpu, wall = time.process_time(), time.perf_counter()
+    outcome = trio.run(lambda: pipeline_run(cfg, policy, suite, tasks, run_dir))
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    stats = policy.statistics()
+    policy.close()
+    return {"launcher": launcher, "decoders": decoders, "seed": seed, "env_steps": outcome.env_steps,
+            "grpo_wall_s": outcome.wall_s, "env_steps_per_s": outcome.env_steps / outcome.wall_s,
+            "trajectory_slot_occupancy": outcome.trajectory_slot_occupancy, "updates": outcome.updates,
+            "coordinator_cpu": cpu / wall, "round_trip_p50_ms": _ms(stats.round_trip_p50_s),
+            "round_trip_p99_ms": _ms(stats.round_trip_p99_s)}
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000 * seconds
+
+
+def table(rows: list[dict[str, Any]], decoders: list[int]) -> str:
+    def figure(n: int, launcher: str, key: str) -> list[float]:
+        return [r[key] for r in rows if r["decoders"] == n and r["launcher"] == launcher and r[key] is not None]
+
+    def cell(values: list[float], fmt: str) -> str:
+        if not values:
+            return "-"
+        mean = format(statistics.mean(values), fmt)
+        return mean if len(values) == 1 else f"{mean} [{min(values):{fmt}}, {max(values):{fmt}}]"
+
+    lines = ["| N | launcher | env-steps/s | vs processes | trajectory slot occupancy | coordinator CPU | act() p50 / p99 ms |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    for n in decoders:
+        base = figure(n, "processes", "env_steps_per_s")
+        for launcher in LAUNCHERS:
+            rate = figure(n, launcher, "env_steps_per_s")
+            ratio = f"{statistics.mean(rate) / statistics.mean(base):.2f}x" if rate and base else "-"
+            p50, p99 = figure(n, launcher, "round_trip_p50_ms"), figure(n, launcher, "round_trip_p99_ms")
+            lines.append(f"| {n} | {launcher} | {cell(rate, '.1f')} | {ratio} | "
+                         f"{cell(figure(n, launcher, 'trajectory_slot_occupancy'), '.2f')} | "
+                         f"{cell([100 * c for c in figure(n, launcher, 'coordinator_cpu')], '.0f')} % | "
+                         f"{cell(p50, '.1f')} / {cell(p99, '.1f')} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--decoders", default="1,2,3,4")
+    parser.add_argument("--seconds", type=float, default=45.0)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="a config override, KEY=VALUE")
+    args = parser.parse_args()
+    decoders, seeds = counts(args.decoders), [int(s) for s in args.seeds.split(",")]
+    configure_logging(None)
+    load_before = os.getloadavg()
+    cfg = load(None, [f"run.max_wall_s={args.seconds}", "run.progress=false", "run.updates=100000", *args.overrides])
+    suite = build_suite(cfg)
+
+    import ray
+
+    from pipeline.run.ray_launch import init_options
+
+    ray.init(**init_options(cfg.placement) | {"num_cpus": max(decoders)})
+    rows: list[dict[str, Any]] = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for s_index, seed in enumerate(seeds):
+                for n in decoders:
+                    order = LAUNCHERS if (s_index + n) % 2 == 0 else LAUNCHERS[::-1]
+                    for launcher in order:
+                        run_dir = Path(tmp) / f"{launcher}-n{n}-s{seed}"
+                        run_dir.mkdir()
+                        rows.append(arm(cfg, suite, launcher, n, seed, run_dir))
+                        r = rows[-1]
+                        print(f"seed {seed}  N={n}  {launcher:9s} {r['env_steps_per_s']:7.1f} env-steps/s  occupancy "
+                              f"{r['trajectory_slot_occupancy']:.2f}  coordinator CPU {100 * r['coordinator_cpu']:.0f} %  "
+                              f"act p50/p99 {r['round_trip_p50_ms']:.1f}/{r['round_trip_p99_ms']:.1f} ms", flush=True)
+    finally:
+        ray.shutdown()
+    load_after = os.getloadavg()
+    text = table(rows, decoders)
+    print(text)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
+                   "load_before": load_before, "load_after": load_after}
+        (args.out / "scaling.json").write_text(json.dumps({"command": sys.argv, "machine": machine, "arms": rows}, indent=1))
+        (args.out / "scaling.md").write_text(
+            f"# bench_scaling\n\n`python {' '.join(sys.argv)}` on {os.cpu_count()} CPUs, load average (1/5/15 min) "
+            f"{'/'.join(f'{x:.2f}' for x in load_before)} before, {'/'.join(f'{x:.2f}' for x in load_after)} after; "
+            f"mean [range] over seeds {args.seeds}.\n\n{text}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""`[placement]`: the launcher, the decoders' resources and strategy, each problem named at once."""
+
+import importlib.util
+
+import pytest
+
+from pipeline.config import ConfigError, load_config
+
+
+def test_the_default_launches_locally():
+    cfg = load_config(None)
+    assert cfg.placement.launcher == "local" and cfg.placement.decoder.num_cpus == 1.0
+
+
+def test_every_placement_problem_is_listed_at_once():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ['placement.launcher="slurm"', 'placement.decoder_strategy="RANDOM"', "placement.ready_timeout_s=0",
+                           "placement.decoder={num_cpus = 0, resources = {big = -1}}"])
+    problems = info.value.problems
+    assert any("placement.launcher must be one of local, ray" in p for p in problems)
+    assert any("placement.decoder_strategy must be one of" in p for p in problems)
+    assert any("placement.ready_timeout_s" in p for p in problems)
+    assert any("placement.decoder.resources.big must be > 0" in p for p in problems)
+
+
+def test_a_decoder_must_reserve_something():
+    with pytest.raises(ConfigError, match="reserves nothing"):
+        load_config(None, ["placement.decoder={num_cpus = 0}"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="the ray extra is not installed")
+def test_ray_keeps_the_gate_and_learner_in_the_coordinator():
+    with pytest.raises(ConfigError, match='set transport.mode = "threads"'):
+        load_config(None, ['placement.launcher="ray"', 'transport.mode="processes"'])
+    assert load_config(None, ['placement.launcher="ray"']).placement.launcher == "ray"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is not None, reason="the ray extra is installed")
+def test_ray_without_the_extra_says_how_to_install_it():
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[ray\]'"):
+        load_config(None, ['placement.launcher="ray"'])

@@ -1,0 +1,153 @@
+"""`placement.launcher = "ray"` on a simulated cluster (`ray.cluster_utils.Cluster`, one for the module): a
+head with a custom resource and no CPU for actors, and two worker nodes of one CPU each, all on this
+machine's IP (so placement is checked by node id). This process is the coordinator, joined to the cluster.
+
+* the decoders land one per worker node, the coordinator is on the head; every endpoint is an ephemeral tcp
+  port bound by the coordinator; a stranger's connection without the keys is refused and counted;
+* a run reaches its updates with the counts of a local run, and leaves no actor or placement group;
+* a decoder killed mid-run stops the run with one message naming it and its node, the checkpoint of the
+  last update is kept, and the resumed run reaches the configured updates with every update counted once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import time
+
+import pytest
+import trio
+import zmq
+
+from pipeline.progress import Progress
+from pipeline.run.build import build_policy, build_suite
+from pipeline.run.checks import load
+from pipeline.run.job import RunFailed, run_job
+from stages.policy.base import AgentContext
+from tests.test_resume_integration import _metrics
+from tests.test_run_integration import _tiny
+
+ray = pytest.importorskip("ray")
+ray_launch = pytest.importorskip("pipeline.run.ray_launch")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+pytestmark = pytest.mark.slow
+ON_RAY = ['placement.launcher="ray"', "policy.workers=2", "placement.ready_timeout_s=300", "gate.k=4"]
+SMALL_STORE = 80 * 1024 * 1024
+"""Object store per fake node: nothing rollcut sends goes through it."""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    fake = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "resources": {"head": 1},
+                                                         "object_store_memory": SMALL_STORE})
+    workers = [fake.add_node(num_cpus=1, object_store_memory=SMALL_STORE) for _ in range(2)]
+    ray.init(address=fake.address)
+    try:
+        yield fake.head_node.node_id, sorted(node.node_id for node in workers)
+    finally:
+        ray.shutdown()
+        fake.shutdown()
+
+
+def _leftovers() -> tuple[list[str], list[str]]:
+    """Named rollcut actors still alive, and placement groups not removed."""
+    actors = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("rollcut-")]
+    groups = [g for g, info in ray.util.placement_group_table().items() if info["state"] != "REMOVED"]
+    return actors, groups
+
+
+async def _until(condition, seconds: float) -> None:
+    """What another process does (a handshake, Ray's bookkeeping) has no event here: look every 50 ms."""
+    with trio.move_on_after(seconds):
+        while not condition():  # noqa: ASYNC110
+            await trio.sleep(0.05)
+
+
+async def _nothing_left() -> tuple[list[str], list[str]]:
+    """Leftovers once Ray has recorded the kills and removals it was sent (asynchronous: up to 30 s)."""
+    await _until(lambda: _leftovers() == ([], []), 30)
+    return _leftovers()
+
+
+async def test_decoders_spread_over_the_worker_nodes_and_a_stranger_is_refused(cluster, tmp_path):
+    head, workers = cluster
+    cfg = load(None, _tiny(tmp_path, *ON_RAY, "pretrain.enabled=false"))
+    suite = build_suite(cfg)
+    task = list(suite.tasks("train"))[0]
+    env = suite.make()
+    obs = env.reset(task)
+    context = AgentContext(task.description, obs.text, obs.admissible, ())
+    env.close()
+    policy = build_policy(cfg, suite, warm_start=False)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(policy.serve)
+        assert sorted(child.node for child in policy.children) == workers  # one per worker node, none on the head
+        assert ray.get_runtime_context().get_node_id() == head  # the coordinator
+        assert policy.address.startswith(f"tcp://{ray.util.get_node_ip_address()}:") and not policy.address.endswith(":0")
+        for named in ray.util.list_named_actors(all_namespaces=True):  # answered while `run` holds its thread
+            actor = ray.get_actor(named["name"], namespace=named["namespace"])
+            assert await trio.to_thread.run_sync(lambda a=actor: ray.get(a.health.remote(), timeout=60))
+        result = await policy.act(context, number=0)
+        assert result.token_ids and result.policy_version == policy.version
+
+        stranger = zmq.Context()
+        push = stranger.socket(zmq.PUSH)
+        push.connect(policy.address)  # no CURVE keys: the handshake fails
+        await _until(lambda: policy.dropped_frames().get("decoders", {}).get("handshake_failed", 0) >= 1, 60)
+        push.close(linger=0)
+        stranger.term()
+        assert policy.dropped_frames()["decoders"]["handshake_failed"] >= 1
+        assert (await policy.act(context, number=1)).token_ids  # the decoders still answer
+        nursery.cancel_scope.cancel()
+        stopping = time.perf_counter()
+    stop_s = time.perf_counter() - stopping
+    print(f"pool stop: {stop_s:.2f} s")
+    assert stop_s < ray_launch.STOP_GRACE_S  # each actor left its loop when asked, before the kill that follows the grace
+    assert await _nothing_left() == ([], [])
+
+
+def test_the_actor_is_threaded_so_stop_and_health_reach_a_running_child():
+    """An `async def` method would make Ray run `ChildActor` as an asyncio actor: `run` would block its loop."""
+    assert not [name for name, member in vars(ray_launch.ChildActor).items() if inspect.iscoroutinefunction(member)]
+
+
+async def test_a_run_on_ray_reaches_its_updates_and_leaves_nothing_behind(cluster, tmp_path):
+    cfg = load(None, _tiny(tmp_path, *ON_RAY, "run.updates=3"))
+    result = await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
+    summary, rows = result.summary, _metrics(result.run_dir)
+    assert summary["learner_updates"] == 3 and summary["stop_reason"] == "updates"
+    assert [r["iteration"] for r in rows] == [1, 2, 3]
+    assert summary["groups_trained"] == rows[-1]["groups_trained"] >= 3 * 2  # B = 2, drop_zero_variance off
+    assert summary["dropped_frames_total"] == 0
+    assert summary["env_steps"] > 0 and summary["cut_groups_reaching_learner"] == 0
+    # trajectories cancelled as the phase ends are not failures (their abandon notice once raised PolicyStopped
+    # into the cancellation when the pool's inboxes had closed first)
+    assert summary["trajectories_failed"] == 0
+    assert await _nothing_left() == ([], [])
+
+
+async def test_a_killed_decoder_stops_the_run_by_name_and_the_run_resumes_exactly(cluster, tmp_path):
+    sets = _tiny(tmp_path, *ON_RAY, "run.updates=4", "run.name=killed")
+    cfg = load(None, [*sets, 'stages=[{target = "tests.plugin_ray:KillDecoder", options = {after = 1}}]'])
+    with pytest.raises(RunFailed) as failed:
+        await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
+    failed_at = time.time()
+    message = str(failed.value)
+    run_dir = tmp_path / "runs" / "killed"
+    print(f"kill to failure: {failed_at - (run_dir / 'killed-decoder').stat().st_mtime:.2f} s\n{message}")
+    assert "decoding worker 0 (Ray actor rollcut-decoder-0-" in message
+    assert f" on node {ray.util.get_node_ip_address()} (" in message
+    assert "checkpoint at update" in message and "run.py resume" in message
+    assert await _nothing_left() == ([], [])
+    stopped_at = int(re.search(r"checkpoint at update (\d+)", message).group(1))
+    assert 1 <= stopped_at < 4
+
+    resumed = await run_job(load(run_dir / "config.toml", []), progress=Progress(4, enabled=False), resume_dir=run_dir)
+    summary, rows = resumed.summary, _metrics(run_dir)
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4]  # appended after the checkpoint, none twice
+    assert summary["learner_updates"] == 4 and summary["stop_reason"] == "updates"
+    assert summary["groups_trained"] == rows[-1]["groups_trained"]
+    assert await _nothing_left() == ([], [])
