@@ -242,8 +242,8 @@ class WorkerPoolPolicy(PolicyHooks):
         """Best effort, for a caller that is being cancelled: raising here would replace its `Cancelled` (a
         trajectory cancelled at the phase's end would count as failed), and a worker whose inbox is already
         closed is going away with the request."""
-        with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-            self._inboxes[worker].send_nowait(message)
+        with contextlib.suppress(PolicyStopped):
+            self._post(worker, message)
 
     async def _forward(self, zmq: Context, address: str, receive: trio.MemoryReceiveChannel[WorkerInbox], *,
                        task_status: trio.TaskStatus[str]) -> None:
