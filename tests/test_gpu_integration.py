@@ -14,7 +14,7 @@ from tests.test_run_integration import _tiny
 @needs_cuda
 @pytest.mark.slow
 async def test_a_tiny_run_on_cuda_trains_and_saves_cpu_tensors(tmp_path):
-    cfg = load(None, _tiny(tmp_path, "policy.device=cuda", "learner.device=cuda", "policy.workers=2", "run.name=cuda"))
+    cfg = load(None, _tiny(tmp_path, "policy.device=cuda", "learner.device=cuda", "policy.workers=2", "run.name=cuda", "gate.k=4"))
     result = await run_job(cfg)
     assert result.summary["learner_updates"] == cfg.run.updates
     learner = load_report(result.run_dir).row("learner")

@@ -15,16 +15,18 @@ class BigramModel(torch.nn.Module):
         self.table = torch.nn.Embedding(vocab, vocab)
 
     def completion_logprobs(self, prompts, completions, *, temperature=1.0, top_p=1.0, nucleus=None):
+        on = {"device": self.table.weight.device}  # ids and scores where the model is (the learner's device)
         width = max(len(c) for c in completions)
-        logprobs = torch.zeros(len(completions), width)
-        entropy = torch.zeros(len(completions), width)
-        mask = torch.zeros(len(completions), width)
+        logprobs = torch.zeros(len(completions), width, **on)
+        entropy = torch.zeros(len(completions), width, **on)
+        mask = torch.zeros(len(completions), width, **on)
         for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
-            previous = torch.tensor([prompt[-1], *completion[:-1]])  # [T]
+            previous = torch.tensor([prompt[-1], *completion[:-1]], **on)  # [T]
             logits = self.table(previous)  # [T, V]
-            sizes = torch.tensor(nucleus[i]) if nucleus and nucleus[i] else None  # [T] recorded at sampling
-            row = sampled_logprobs(logits, torch.tensor(completion), temperature=temperature, top_p=top_p, nucleus=sizes)  # [T]
-            logprobs = logprobs.index_put((torch.tensor([i]), torch.arange(len(row))), row)
+            sizes = torch.tensor(nucleus[i], **on) if nucleus and nucleus[i] else None  # [T] recorded at sampling
+            row = sampled_logprobs(logits, torch.tensor(completion, **on), temperature=temperature, top_p=top_p,
+                                   nucleus=sizes)  # [T]
+            logprobs = logprobs.index_put((torch.tensor([i], **on), torch.arange(len(row), **on)), row)
             entropy[i, : len(row)] = sampling_entropy(logits, temperature=temperature, top_p=top_p, nucleus=sizes)
             mask[i, : len(row)] = 1.0
         return CompletionScores(logprobs, mask, entropy)
