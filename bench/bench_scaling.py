@@ -1,7 +1,7 @@
 """Decoders as Ray actors against decoders as local processes, at N decoders, side by side (docs/scaling.md).
 
     python bench/bench_scaling.py [--decoders 1,2,3,4] [--seconds 45] [--seeds 0,1,2] [--out docs/scaling]
-                                  [--set KEY=VALUE ...]
+                                  [--launchers processes,ray] [--set KEY=VALUE ...]
 
 For each seed, each N and each launcher — `processes` (child processes of this one, `launch.LocalLauncher`)
 and `ray` (actors on a Ray instance started on this machine for the bench: one node, `ray_launch.RayLauncher`)
@@ -13,7 +13,8 @@ included), and the act() round trip (request to reply, p50 / p99).
 
 Prints each arm as it ends, then a table per N (mean and range over the seeds, Ray / processes ratio), and
 writes `DIR/scaling.json` (every arm) and `DIR/scaling.md` (the table, the command, the machine, its load
-before and after). Ray sees `max(N)` logical CPUs, so on a machine with fewer cores the actors share them as
+before and after). `--launchers processes` runs without Ray (a machine that lacks it: the decoders' scaling
+alone, `vs N=1` the ratio to the fewest decoders). Ray sees `max(N)` logical CPUs, so on a machine with fewer cores the actors share them as
 the processes do. Goal (issue 38): Ray's env-steps/s within 10 % of processes mode at every N.
 """
 
@@ -72,7 +73,7 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else 1000 * seconds
 
 
-def table(rows: list[dict[str, Any]], decoders: list[int]) -> str:
+def table(rows: list[dict[str, Any]], decoders: list[int], launchers: tuple[str, ...] = LAUNCHERS) -> str:
     def figure(n: int, launcher: str, key: str) -> list[float]:
         return [r[key] for r in rows if r["decoders"] == n and r["launcher"] == launcher and r[key] is not None]
 
@@ -82,15 +83,17 @@ def table(rows: list[dict[str, Any]], decoders: list[int]) -> str:
         mean = format(statistics.mean(values), fmt)
         return mean if len(values) == 1 else f"{mean} [{min(values):{fmt}}, {max(values):{fmt}}]"
 
-    lines = ["| N | launcher | env-steps/s | vs processes | trajectory slot occupancy | coordinator CPU | act() p50 / p99 ms |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
+    def ratio(rate: list[float], base: list[float]) -> str:
+        return f"{statistics.mean(rate) / statistics.mean(base):.2f}x" if rate and base else "-"
+
+    lines = [f"| N | launcher | env-steps/s | vs processes | vs N={decoders[0]} | trajectory slot occupancy | coordinator CPU "
+             "| act() p50 / p99 ms |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for n in decoders:
-        base = figure(n, "processes", "env_steps_per_s")
-        for launcher in LAUNCHERS:
+        for launcher in launchers:
             rate = figure(n, launcher, "env_steps_per_s")
-            ratio = f"{statistics.mean(rate) / statistics.mean(base):.2f}x" if rate and base else "-"
             p50, p99 = figure(n, launcher, "round_trip_p50_ms"), figure(n, launcher, "round_trip_p99_ms")
-            lines.append(f"| {n} | {launcher} | {cell(rate, '.1f')} | {ratio} | "
+            lines.append(f"| {n} | {launcher} | {cell(rate, '.1f')} | {ratio(rate, figure(n, 'processes', 'env_steps_per_s'))} "
+                         f"| {ratio(rate, figure(decoders[0], launcher, 'env_steps_per_s'))} | "
                          f"{cell(figure(n, launcher, 'trajectory_slot_occupancy'), '.2f')} | "
                          f"{cell([100 * c for c in figure(n, launcher, 'coordinator_cpu')], '.0f')} % | "
                          f"{cell(p50, '.1f')} / {cell(p99, '.1f')} |")
@@ -103,25 +106,30 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=45.0)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--launchers", default=",".join(LAUNCHERS), help="processes, ray or both (the default)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="a config override, KEY=VALUE")
     args = parser.parse_args()
     decoders, seeds = counts(args.decoders), [int(s) for s in args.seeds.split(",")]
+    launchers = tuple(name for name in LAUNCHERS if name in args.launchers.split(","))
+    if not launchers or set(args.launchers.split(",")) - set(LAUNCHERS):
+        raise SystemExit(f"--launchers: processes, ray or both, comma-separated (got {args.launchers!r})")
     configure_logging(None)
     load_before = os.getloadavg()
     cfg = load(None, [f"run.max_wall_s={args.seconds}", "run.progress=false", "run.updates=100000", *args.overrides])
     suite = build_suite(cfg)
 
-    import ray
+    if "ray" in launchers:
+        import ray
 
-    from pipeline.run.ray_launch import init_options
+        from pipeline.run.ray_launch import init_options
 
-    ray.init(**init_options(cfg.placement) | {"num_cpus": max(decoders)})
+        ray.init(**init_options(cfg.placement) | {"num_cpus": max(decoders)})
     rows: list[dict[str, Any]] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for s_index, seed in enumerate(seeds):
                 for n in decoders:
-                    order = LAUNCHERS if (s_index + n) % 2 == 0 else LAUNCHERS[::-1]
+                    order = launchers if (s_index + n) % 2 == 0 else launchers[::-1]
                     for launcher in order:
                         run_dir = Path(tmp) / f"{launcher}-n{n}-s{seed}"
                         run_dir.mkdir()
@@ -131,9 +139,10 @@ def main() -> None:
                               f"{r['trajectory_slot_occupancy']:.2f}  coordinator CPU {100 * r['coordinator_cpu']:.0f} %  "
                               f"act p50/p99 {r['round_trip_p50_ms']:.1f}/{r['round_trip_p99_ms']:.1f} ms", flush=True)
     finally:
-        ray.shutdown()
+        if "ray" in launchers:
+            ray.shutdown()
     load_after = os.getloadavg()
-    text = table(rows, decoders)
+    text = table(rows, decoders, launchers)
     print(text)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -58,6 +58,7 @@ def main() -> None:
     tasks = list(suite.tasks("train"))[: cfg.env.train_tasks]
     rates: dict[int, list[float]] = {n: [] for n in counts}
     updates: dict[int, list[int]] = {n: [] for n in counts}
+    occupancy: dict[int, list[float]] = {n: [] for n in counts}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for workers in counts:
@@ -68,12 +69,13 @@ def main() -> None:
                 policy.close()  # the pool's worker processes (`PolicyHooks.close`)
                 rates[workers].append(outcome.env_steps / outcome.wall_s)
                 updates[workers].append(outcome.updates)
+                occupancy[workers].append(outcome.trajectory_slot_occupancy)
                 print(f"round {r + 1}: {workers:2d} decoding worker(s): {rates[workers][-1]:7.1f} env-steps/s "
                       f"({outcome.env_steps} steps, {outcome.updates} updates, trajectory slot occupancy "
                       f"{outcome.trajectory_slot_occupancy:.2f})", flush=True)
                 if args.out is not None:
                     _keep_profile(run_dir, args.out / f"w{workers}")
-    table = _table(counts, rates, updates)
+    table = _table(counts, rates, updates, occupancy)
     print(table)
     if args.out is not None:
         _write_summary(args.out, counts, table, args)
@@ -83,13 +85,16 @@ def main() -> None:
     print(f"workers_speedup={speedup:.3f}")
 
 
-def _table(counts: list[int], rates: dict[int, list[float]], updates: dict[int, list[int]]) -> str:
+def _table(counts: list[int], rates: dict[int, list[float]], updates: dict[int, list[int]],
+           occupancy: dict[int, list[float]]) -> str:
     base = statistics.mean(rates[1])
-    lines = ["| decoding workers | env-steps/s (mean of rounds) | vs 1 worker | learner updates per round |",
-             "|---:|---:|---:|---|"]
+    lines = ["| decoding workers | env-steps/s (mean of rounds) | vs 1 worker | trajectory slot occupancy (mean) "
+             "| learner updates per round |",
+             "|---:|---:|---:|---:|---|"]
     for n in counts:
         mean = statistics.mean(rates[n])
-        lines.append(f"| {n} | {mean:.1f} | {mean / base:.2f}x | {', '.join(map(str, updates[n]))} |")
+        lines.append(f"| {n} | {mean:.1f} | {mean / base:.2f}x | {statistics.mean(occupancy[n]):.2f} "
+                     f"| {', '.join(map(str, updates[n]))} |")
     return "\n".join(lines)
 
 
