@@ -129,6 +129,13 @@ def report(folders: list[Path]) -> str:
 # ---- declared verdicts --------------------------------------------------------------------------------------
 
 
+def _finished(folder: Path) -> bool:
+    """A run folder whose run ended on its own: a summary that no Ctrl-C / SIGTERM wrote (an interrupted run
+    writes one too, with `stop_reason = "interrupted"` and no held-out measure after)."""
+    path = folder / "summary.json"
+    return path.is_file() and json.loads(path.read_text()).get("stop_reason") != "interrupted"
+
+
 def _set_aside(folder: Path) -> None:
     """An unfinished run folder of a verdict (crash, Ctrl-C) is kept, out of the way of the rerun."""
     n = 1
@@ -145,7 +152,7 @@ def _verdict_seeds(verdict: Verdict, name: str) -> tuple[dict[str, Any], str]:
     folders, failed = [], {}
     for seed in verdict.seeds:
         folder = out / f"verdict-{name}-s{seed}"
-        if (folder / "summary.json").is_file():
+        if _finished(folder):
             print(f"seed {seed}: {folder} finished earlier, kept", file=sys.stderr, flush=True)
             folders.append(folder)
             continue
@@ -154,7 +161,7 @@ def _verdict_seeds(verdict: Verdict, name: str) -> tuple[dict[str, Any], str]:
         command = _command(config, [*overrides, f"run.seed={seed}", f'run.name="{folder.name}"'])
         print(f"seed {seed}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
         returncode = subprocess.run(command, cwd=ROOT).returncode
-        if returncode == 0 and (folder / "summary.json").is_file():
+        if returncode == 0 and _finished(folder):
             folders.append(folder)
         else:
             failed[seed] = returncode

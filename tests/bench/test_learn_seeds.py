@@ -120,3 +120,32 @@ def test_a_verdict_not_committed_as_it_stands_is_refused(learn_seeds, tmp_path: 
     monkeypatch.setattr(learn_seeds, "declared_commit", lambda p: None)
     assert learn_seeds.run_verdict(path) == 2
     assert not path.with_suffix(".result.md").exists()
+
+
+def test_an_interrupted_seed_is_set_aside_and_run_again_a_finished_one_is_kept(learn_seeds, tmp_path: Path, monkeypatch) -> None:
+    path = _verdict(tmp_path, VERDICT.format(out=tmp_path / "runs"))
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    interrupted = _run_folder(runs, 100, (0.2, 0.2), (0.3, 0.3), name="verdict-v-s100")  # Ctrl-C wrote a summary too
+    summary = json.loads((interrupted / "summary.json").read_text()) | {"stop_reason": "interrupted", "heldout_success_after": None}
+    (interrupted / "summary.json").write_text(json.dumps(summary))
+    _run_folder(runs, 101, (0.2, 0.2), (0.4, 0.4), name="verdict-v-s101")
+    seeds = []
+    real_run = subprocess.run
+
+    def fake_run(command, cwd=None, **kwargs):
+        if not str(command[1]).endswith("run.py"):
+            return real_run(command, cwd=cwd, **kwargs)
+        sets = dict(command[i + 1].split("=", 1) for i, a in enumerate(command) if a == "--set")
+        seeds.append(int(sets["run.seed"]))
+        _run_folder(runs, seeds[-1], (0.2, 0.2), (0.3, 0.3), name=json.loads(sets["run.name"]))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(learn_seeds.subprocess, "run", fake_run)
+    monkeypatch.setattr(learn_seeds, "declared_commit", lambda p: "c" * 40)
+    assert learn_seeds.run_verdict(path) == 0
+    assert seeds == [100]  # the interrupted seed runs again; the finished one is kept
+    assert (runs / "verdict-v-s100.unfinished-1" / "summary.json").is_file()
+    result = json.loads(path.with_suffix(".result.json").read_text())
+    assert result["per_seed"]["100"]["heldout_success_after"] == pytest.approx(0.3)
+    assert result["per_seed"]["101"]["heldout_success_after"] == pytest.approx(0.4)
