@@ -71,14 +71,14 @@ class LearnerStage:
         """The runtime is about to send training group `group_id`: accept it once."""
         self._expected.add(group_id)
 
-    async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         results = ctx.zmq.socket(
             "pull", ctx.addresses.results, bind=True, receives=LearnerInbox, hwm=ctx.addresses.hwm, name="results"
         )
         send, receive = trio.open_memory_channel[GroupResult](4 * self.cfg.batch_groups)
         async with results, trio.open_nursery() as nursery:
             nursery.start_soon(self._receive, results, send)
-            task_status.started()
+            task_status.started(results.address)  # where the groups are sent (the real port of a tcp :0)
             await self._train(receive, ctx)
 
     async def _receive(self, results: Any, send: trio.MemorySendChannel[GroupResult]) -> None:

@@ -147,9 +147,6 @@ def _range_problems(cfg: RunConfig) -> list[str]:
     if cfg.run.target_heldout and not (cfg.eval.every > 0 and cfg.eval.periodic_tasks() > 0):
         problems.append("run.target_heldout needs eval.every > 0 and eval.tasks (or eval.curve_tasks) > 0 (held-out "
                         f"success is measured then, on the {cfg.eval.curve_range} range)")
-    if cfg.placement.launcher == "ray" and cfg.transport.mode != "threads":
-        problems.append("placement.launcher = \"ray\" places the decoding workers on the cluster and keeps the gate and "
-                        "learner stages in the coordinator: set transport.mode = \"threads\"")
     return problems
 
 

@@ -1,8 +1,10 @@
 """`[placement]`: where the run's processes are started — on this machine (`local`) or as Ray actors.
 
-With `launcher = "ray"` the run (this process: the coordinator, with the gate and learner stages) connects
-to a Ray cluster and each decoding worker (`policy.workers` of them) is an actor placed by Ray with the
-resources of `[placement.decoder]`, spread over the nodes by `decoder_strategy`. See docs/ray.md.
+With `launcher = "ray"` the run (this process: the coordinator) connects to a Ray cluster and each decoding
+worker (`policy.workers` of them) is an actor placed by Ray with the resources of `[placement.decoder]`, spread
+over the nodes by `decoder_strategy`; with `transport.mode = "processes"` too, the gate and learner stages are
+actors as well, packed together with the resources of `[placement.stages]` each (threads mode keeps them in
+the coordinator). See docs/ray.md.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ class PlacementSection(_Section):
     """The Ray cluster to join: "" starts a Ray instance on this machine for the run, "auto" joins the one
     `ray start` made here, `HOST:PORT` (or `ray://...`) a remote head."""
     decoder: RoleResources = RoleResources()
+    stages: RoleResources = RoleResources()
+    """The gate and learner actors (`transport.mode = "processes"`), each: e.g. `resources = {head = 1}` for the
+    head node, `num_gpus = 1` for a learner on a GPU node (`learner.device`)."""
     decoder_strategy: str = "SPREAD"
     """The decoders' placement group strategy: SPREAD over the nodes (the default), PACK, STRICT_SPREAD, STRICT_PACK."""
     listen: str = ""
@@ -63,7 +68,7 @@ class PlacementSection(_Section):
             (self.decoder_strategy in STRATEGIES,
              f"placement.decoder_strategy must be one of {', '.join(STRATEGIES)}, got {self.decoder_strategy!r}"),
             (self.ready_timeout_s > 0, "placement.ready_timeout_s must be > 0"),
-        ) + self.decoder.problems("placement.decoder")
+        ) + self.decoder.problems("placement.decoder") + self.stages.problems("placement.stages")
         if self.launcher == "ray" and importlib.util.find_spec("ray") is None:
             problems.append("placement.launcher = \"ray\" needs Ray: pip install -e '.[ray]'")
         return problems

@@ -146,14 +146,15 @@ def load_keys(directory: str) -> CurveKeys:
     return CurveKeys(server_public, server_secret, client_public, client_secret, folder / AUTHORIZED)
 
 
-def secure(raw: zmq.Socket[Any], keys: CurveKeys, *, server: bool) -> None:
-    """Set a socket's CURVE options before it binds (server) or connects (client)."""
+def secure(raw: zmq.Socket[Any], keys: CurveKeys, *, server: bool, server_key: bytes | None = None) -> None:
+    """Set a socket's CURVE options before it binds (server) or connects (client: to `server_key`, by
+    default the keys' server key)."""
     if server:
         raw.curve_server = True
         raw.curve_secretkey = keys.server_secret
         raw.zap_domain = ZAP_DOMAIN.encode()
     else:
-        raw.curve_serverkey = keys.server_public
+        raw.curve_serverkey = server_key or keys.server_public
         raw.curve_publickey = keys.client_public
         raw.curve_secretkey = keys.client_secret
 

@@ -184,6 +184,9 @@ class StageReady(_Message):
     """The gate stage: whose cuts it sends."""
     worker: int = 0
     """A decoding worker: its index in the pool."""
+    endpoints: dict[str, str] = {}
+    """What a stage child bound, by address name, as its peers reach it (the gate's `steps`, the learner's
+    `results`): on Ray each binds an ephemeral port of its node."""
 
 
 class LearnerUpdated(_Message):

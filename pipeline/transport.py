@@ -109,6 +109,13 @@ class Context:
         """The last dropped-frame counts each stage process reported (`record_remote_drops`)."""
         self._nursery = nursery  # runs the refusal monitors of CURVE server sockets
         assert keys is None or nursery is not None, "CURVE needs a nursery for its monitors"
+        self._servers: dict[str, bytes] = {}
+        """Connect address -> the CURVE public key of the peer that bound it (`trust_server`)."""
+
+    def trust_server(self, address: str, public: bytes) -> None:
+        """A connect to `address` expects the server key `public` (a peer with a key pair of its own, such as
+        a Ray actor's bound socket) instead of this context's server key."""
+        self._servers[address] = public
 
     def dropped_frames(self) -> dict[str, dict[str, int]]:
         """Dropped frames by reason of every receiving socket (and refused peers of every CURVE server
@@ -165,7 +172,7 @@ class Context:
             raw.setsockopt(zmq.SUBSCRIBE, subscribe)
         monitor = None
         if self._keys is not None and address.startswith("tcp://"):
-            curve.secure(raw, self._keys, server=bind)
+            curve.secure(raw, self._keys, server=bind, server_key=self._servers.get(address))
             monitor = curve.monitor_refusals(raw) if bind else None
         try:
             if bind:

@@ -137,11 +137,11 @@ class GateStage:
         if self.shadow:  # fewer than two complete rewards: unlabelled (the ledger counts it)
             self.ledger.record(bool(would_cut), rewards)
 
-    async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         steps = ctx.zmq.socket("pull", ctx.addresses.steps, bind=True, receives=StepStream, hwm=ctx.addresses.hwm, name="steps")
         control = ctx.zmq.socket("push", ctx.addresses.control, bind=False, hwm=ctx.addresses.hwm)
         async with steps, control:
-            task_status.started()
+            task_status.started(steps.address)  # where the rollout stage sends (the real port of a tcp :0)
             async for message in steps:
                 if not self._valid(message, steps):
                     continue

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import structlog
 import trio
@@ -150,14 +149,13 @@ class RolloutStage:
         self._groups_started = 0
         """Group ids below this one were started here (ids ascend)."""
 
-    async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Own the control PULL and the steps PUSH until cancelled (groups run through `run_group`)."""
+    async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the control PULL until cancelled (started with the address it bound; groups run through
+        `run_group`, their step events leave through `send_steps`)."""
         t = ctx.addresses
         control = ctx.zmq.socket("pull", t.control, bind=True, receives=ControlStream, hwm=t.hwm, name="control")
-        async with control, trio.open_nursery() as nursery:
-            if self._steps_in is not None:
-                await nursery.start(self._send_steps, ctx)
-            task_status.started()
+        async with control:
+            task_status.started(control.address)
             async for decision in control:
                 reason = self._control_problem(decision)
                 if reason is not None:
@@ -167,8 +165,13 @@ class RolloutStage:
                 if self.events is not None:
                     await self.events.send(decision)
 
-    async def _send_steps(self, ctx: StageContext, *, task_status: Any) -> None:
-        assert self._steps_in is not None
+    async def send_steps(self, ctx: StageContext, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the steps PUSH, connected to the gate stage at `ctx.addresses.steps` (started once the gate
+        runs: its address is where it bound), until cancelled; without a gate the step events are discarded.
+        A stage given its own `steps_out` channel sends nothing here."""
+        if self._steps_in is None:
+            task_status.started()
+            return
         async with self._steps_in as steps:
             if self.gate is None:  # nobody listens: discard
                 task_status.started()

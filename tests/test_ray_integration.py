@@ -6,7 +6,10 @@ machine's IP (so placement is checked by node id). This process is the coordinat
   port bound by the coordinator; a stranger's connection without the keys is refused and counted;
 * a run reaches its updates with the counts of a local run, and leaves no actor or placement group;
 * a decoder killed mid-run stops the run with one message naming it and its node, the checkpoint of the
-  last update is kept, and the resumed run reaches the configured updates with every update counted once.
+  last update is kept, and the resumed run reaches the configured updates with every update counted once;
+* with `transport.mode = "processes"` the gate and learner stages are actors on the head (its custom
+  resource), each binding its own socket on an ephemeral port with its own keys; a stranger's connection to
+  the gate's steps socket is refused and counted, and the run reaches its updates with the same counts.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import trio
 import zmq
 
 from pipeline.progress import Progress
+from pipeline.run import placement
 from pipeline.run.build import build_policy, build_suite
 from pipeline.run.checks import load
 from pipeline.run.job import RunFailed, run_job
@@ -149,4 +153,51 @@ async def test_a_killed_decoder_stops_the_run_by_name_and_the_run_resumes_exactl
     assert [r["iteration"] for r in rows] == [1, 2, 3, 4]  # appended after the checkpoint, none twice
     assert summary["learner_updates"] == 4 and summary["stop_reason"] == "updates"
     assert summary["groups_trained"] == rows[-1]["groups_trained"]
+    assert await _nothing_left() == ([], [])
+
+
+STAGES_ON_HEAD = ['transport.mode="processes"', "placement.stages={num_cpus = 0, resources = {head = 0.5}}"]
+
+
+async def test_gate_and_learner_actors_on_the_head_refuse_a_stranger_and_the_run_reaches_its_updates(cluster, tmp_path, monkeypatch):
+    head, workers = cluster
+    seen: dict[str, tuple[str, str]] = {}
+    strangers: list[zmq.Socket] = []
+    stranger = zmq.Context()
+
+    def spy(handle_class, name):
+        original = handle_class.run
+
+        async def run(self, ctx, *, task_status=trio.TASK_STATUS_IGNORED):
+            async with trio.open_nursery() as nursery:
+                address = await nursery.start(lambda task_status: original(self, ctx, task_status=task_status))
+                seen[name] = (self.child.node, address)
+                if name == "gate":  # no CURVE keys: the gate actor's handshake refuses it
+                    push = stranger.socket(zmq.PUSH)
+                    push.connect(address)
+                    strangers.append(push)
+                task_status.started(address)
+
+        monkeypatch.setattr(handle_class, "run", run)
+
+    spy(placement.GateChild, "gate")
+    spy(placement.LearnerChild, "learner")
+    cfg = load(None, _tiny(tmp_path, *ON_RAY, *STAGES_ON_HEAD, "run.updates=3"))
+    try:
+        result = await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
+    finally:
+        for push in strangers:
+            push.close(linger=0)
+        stranger.term()
+    summary, rows = result.summary, _metrics(result.run_dir)
+    ip = ray.util.get_node_ip_address()
+    assert {name: node for name, (node, _) in seen.items()} == {"gate": head, "learner": head}
+    for _, address in seen.values():  # each bound by the actor itself, on its node, at an ephemeral port
+        assert address.startswith(f"tcp://{ip}:") and not address.endswith(":0")
+    assert summary["learner_updates"] == 3 and summary["stop_reason"] == "updates"
+    assert [r["iteration"] for r in rows] == [1, 2, 3]
+    assert summary["groups_trained"] == rows[-1]["groups_trained"] >= 3 * 2
+    assert summary["cut_groups_reaching_learner"] == 0 and summary["trajectories_failed"] == 0
+    assert summary["dropped_frames"]["steps"].get("handshake_failed", 0) >= 1  # the stranger, counted by the gate
+    assert summary["dropped_frames_total"] == sum(summary["dropped_frames"]["steps"].values())  # and nothing else
     assert await _nothing_left() == ([], [])

@@ -11,16 +11,21 @@ Wiring (addresses from `[transport]`; each socket has one owner, named first):
           lifecycle (staleness budget, allocator.on_update), metrics row, checkpoint, progress, held-out
 
 The gate and learner come as handles (`placement.py`): the same code runs whether they are in this process
-or in children of their own (`transport.mode = "processes"`).
+or in children of their own (`transport.mode = "processes"`; Ray actors with `placement.launcher = "ray"`).
+Start order: what this process binds (events, reports, control), then the learner and the gate, each
+started with the address its socket bound (a Ray actor's ephemeral port), then what connects to them (the
+steps and results PUSH), then admission.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 import trio
 
@@ -108,31 +113,44 @@ async def run_grpo(
     success every `eval.every` updates (and `run.target_heldout` may end the phase).
     """
     secret = new_secret()  # seals every frame of the phase's sockets; stage processes get it as they start
-    async with open_context(cfg.transport.curve_dir, secret=secret) as zmq, addresses(cfg) as t:
+    stages = place_stages(cfg, trainer, capture_state=checkpointer is not None, secret=secret)
+    async with stages.placed() as where, open_context(cfg.transport.curve_dir, **where.context_options) as zmq, \
+            addresses(cfg) as configured:
 
         def dropped_frames() -> dict[str, dict[str, int]]:
             """The phase's sockets' drops and refusals, and the policy's own (the decoding workers' pool)."""
             return resume.add_counts(zmq.dropped_frames(), policy.dropped_frames())
 
-        w = _build(cfg, suite, policy, tasks, allocator, trainer, profiler, metrics, progress, checkpointer, restore,
-                   evaluate, dropped_frames, secret)
+        t = where.bind(configured)
+        w = _build(cfg, suite, policy, tasks, allocator, stages, profiler, metrics, progress, checkpointer, restore,
+                   evaluate, dropped_frames)
         phase, ctx = w.phase, StageContext(zmq=zmq, addresses=t, run_dir=run_dir, profiler=profiler)
+
+        def reached(**bound: str) -> StageContext:
+            """`ctx` with the addresses this process bound, as its peers reach them."""
+            return _with_addresses(ctx, **{k: where.reachable(v) for k, v in bound.items()})
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(monitor_loop_lag, phase.counters)
-            await nursery.start(publish_events, zmq, t.events, t.hwm, w.events_in)
+            ctx = reached(events=await nursery.start(publish_events, zmq, t.events, t.hwm, w.events_in))
             observers_done = trio.Event()
             await nursery.start(run_observers, observers, ctx, observers_done)
             evals = await nursery.start(host_nursery)
             nursery.start_soon(set_on, w.heldout.target_reached, phase.done)
             async with trio.open_nursery() as work:  # everything that trains: cancelled at the last update
                 await work.start(policy.serve)
-                await work.start(w.stages.receive_reports, ctx)  # stage children's reports, read to the gate's last
-                await work.start(w.stages.learner.run, ctx)
+                # what this process binds first (the stage children connect to it), then the stages, each
+                # started with the address it bound (a Ray actor's ephemeral port), then what connects to them
+                reports = await work.start(w.stages.receive_reports, ctx)  # stage children's reports, read to the gate's last
+                ctx = reached(reports=reports, control=await work.start(w.rollout.run, ctx))
+                results = await work.start(w.stages.learner.run, ctx)
+                steps = t.steps
                 if w.stages.gate is not None:
-                    await work.start(w.stages.gate.run, ctx)
+                    steps = await work.start(w.stages.gate.run, ctx)
                     w.rollout.gate = w.stages.gate.identity()
-                await work.start(w.rollout.run, ctx)
-                await work.start(send_all, zmq, t.results, t.hwm, w.training)
+                ctx = _with_addresses(ctx, results=results, steps=steps)
+                await work.start(w.rollout.send_steps, ctx)
+                await work.start(send_all, zmq, results, t.hwm, w.training)
                 await work.start(w.recorder.consume, w.stages.reports, evals)
                 await work.start(phase.lifecycle.run, w.rollout)
                 if stop is not None:
@@ -151,13 +169,12 @@ async def run_grpo(
 
 
 def _build(
-    cfg: RunConfig, suite: EnvSuite, policy: Policy, tasks: Mapping[str, Task], allocator: Allocator, trainer: Trainer,
+    cfg: RunConfig, suite: EnvSuite, policy: Policy, tasks: Mapping[str, Task], allocator: Allocator, stages: PhaseStages,
     profiler: Profiler, metrics: MetricsWriter, progress: Progress | None, checkpointer: resume.Checkpointer | None,
-    restore: Mapping[str, Any] | None, evaluate: Evaluate | None, dropped_frames: Any, secret: bytes,
+    restore: Mapping[str, Any] | None, evaluate: Evaluate | None, dropped_frames: Any,
 ) -> _Wiring:
     counters, slots = PhaseCounters(family_of={t.task_id: t.family for t in tasks.values()}), SlotPool(cfg.rollout.slots)
     pacer = StalenessPacer(cfg.learner.batch_groups, cfg.learner.max_staleness)
-    stages = place_stages(cfg, trainer, capture_state=checkpointer is not None, secret=secret)
     events, events_in = trio.open_memory_channel[AnyMessage](1024)
     training_out, training = trio.open_memory_channel[GroupResult](4 * cfg.learner.batch_groups)
     lifecycle = GroupLifecycle(allocator, slots, pacer, counters, group_size=cfg.rollout.group_size,
@@ -181,6 +198,10 @@ def _build(
     policy.attach_profiler(profiler)  # a no-op unless the backend records its own spans (PolicyHooks)
     phase.started = counters.window_started = trio.current_time()
     return _Wiring(phase, rollout, stages, heldout, recorder, events, events_in, training)
+
+
+def _with_addresses(ctx: StageContext, **addresses: str) -> StageContext:
+    return dataclasses.replace(ctx, addresses=msgspec.structs.replace(ctx.addresses, **addresses))
 
 
 async def _until_done(w: _Wiring, stop: trio.Event | None) -> GrpoOutcome:

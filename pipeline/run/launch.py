@@ -83,7 +83,11 @@ class ChildSpec(msgspec.Struct, frozen=True, kw_only=True):
     """A resumed run's gate counters."""
     server_key: bytes = b""
     """On Ray: the CURVE public key of the parent's sockets this child connects to (its frames are not sealed
-    with a secret there: CURVE admits only the keys the parent was told)."""
+    with a secret there: CURVE admits only the keys the parent was told); the sockets this child binds admit
+    that key alone."""
+    bind_host: str = ""
+    """On Ray: the host a stage child binds its own socket on, at an ephemeral port (`tcp://<bind_host>:0`,
+    the real address said in its `StageReady`); "" binds the address it was given."""
 
 
 def child_spec(role: str, cfg: RunConfig, addresses: TransportSection, secret: bytes = b"", **fields: Any) -> ChildSpec:
@@ -110,6 +114,8 @@ class Child:
     """Its process id when it runs on this machine (the profile reads its CPU), else None."""
     node: str = ""
     """The Ray node it was placed on ("" for a child process of this one)."""
+    endpoints: dict[str, str] = field(default_factory=dict)
+    """What it bound, by address name, as it said in its `StageReady` (a stage child on Ray)."""
 
 
 async def launch(child: Child, spec: ChildSpec, *, env: dict[str, str] | None = None,
@@ -152,6 +158,10 @@ class Placed(Protocol):
 
     def sealed(self, spec: ChildSpec) -> ChildSpec:
         """`spec` with what its child needs to reach the parent's sockets (the secret, or a server key)."""
+        ...
+
+    def peer_key(self, child: Child) -> bytes | None:
+        """The CURVE public key the sockets `child` binds are served with (None: no key pair of its own)."""
         ...
 
     async def launch(self, child: Child, spec: ChildSpec, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -198,6 +208,9 @@ class _LocalPlaced:
 
     def sealed(self, spec: ChildSpec) -> ChildSpec:
         return msgspec.structs.replace(spec, secret=self.secret)
+
+    def peer_key(self, child: Child) -> bytes | None:
+        return None
 
     async def launch(self, child: Child, spec: ChildSpec, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await launch(child, spec, env=self.env, task_status=task_status)

@@ -1,7 +1,8 @@
 """Where the gate and learner stages run, behind one handle each: the phase asks for "the gate" and "the
 learner" and never branches on where they are. `place_stages` is the only place that looks at
 `transport.mode`: "threads" (the default) runs them in this process, "processes" launches each in a child
-of its own (`launch.py`), running the same stage code (`stage_children.py`), built by `build.py` from the one config.
+of its own (`launch.py`; a Ray actor with `placement.launcher = "ray"`, placed through `PhaseStages.placed`),
+running the same stage code (`stage_children.py`), built by `build.py` from the one config.
 
 Across processes:
 
@@ -13,11 +14,12 @@ Across processes:
   (last + 1) and drops anything else it cannot have sent (an unknown stage, a second `StageReady`, a weights
   blob that does not unpack).
 * the gate child runs the gate stage (steps PULL, control PUSH) and sends a `GateReport` (statistics and
-  checkpoint counters) at most every `REPORT_EVERY_S`. Told to stop (SIGTERM, when the phase ends), it settles
+  checkpoint counters) at most every `REPORT_EVERY_S`. Told to stop (SIGTERM or the actor's `stop()`, when the phase ends), it settles
   its shadow labels and sends a final `GateReport`, and the parent reads the reports socket until that one
   arrives (at most `FINAL_REPORT_WAIT_S`): the summary shows it.
-* each says `StageReady` once its sockets are open (`launch.py`'s handshake); the phase admits groups after.
-* every socket is sealed with the run's secret; a child reports the frames its own sockets dropped
+* each says `StageReady` once its sockets are open (`launch.py`'s handshake), with the address it bound (the
+  phase connects there: on Ray an ephemeral port of the actor's node); the phase admits groups after.
+* every socket is sealed with the run's secret (on Ray: CURVE, each actor with its own key pair); a child reports the frames its own sockets dropped
   (`FramesDropped`, at most every `REPORT_EVERY_S`) so that the run's `dropped_frames` counts them.
 """
 
@@ -25,8 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -51,8 +54,8 @@ from pipeline.stage import StageContext
 from pipeline.transport import Context
 from stages.rollout import GateIdentity
 
-from .build import build_gate_stage, build_learner_stage
-from .launch import Child, child_spec, launch
+from .build import build_gate_stage, build_launcher, build_learner_stage
+from .launch import Child, Placed, child_spec, launch
 from .runtime import AnnouncedSender
 
 REPORT_EVERY_S = 0.5
@@ -60,6 +63,8 @@ FINAL_REPORT_WAIT_S = 5.0
 """How long the parent reads for the gate's final report once the phase ended: `trio.run_process` kills a
 child that has not exited 5 s after SIGTERM, so nothing can come later."""
 _ADDRESSES = ("steps", "control", "results", "events", "reports")
+BOUND_BY = {"gate": {"steps"}, "learner": {"results"}}
+"""The addresses a stage child binds (and says in its `StageReady`); the phase binds the others."""
 
 
 @contextlib.asynccontextmanager
@@ -126,29 +131,91 @@ class PhaseStages:
     learner: LearnerHandle
     reports: trio.MemoryReceiveChannel[Any]
     receive_reports: Any
-    """`await nursery.start(receive_reports, ctx)`: reads the children's reports (nothing to read in-process).
-    Start it before the stages, in the same nursery: cancelled when the phase ends together with the gate's
-    launcher, which sends the gate SIGTERM; the gate answers with its final statistics, read on (shielded, at
-    most `FINAL_REPORT_WAIT_S`) until they arrive."""
+    """`await nursery.start(receive_reports, ctx)`: reads the children's reports (nothing to read in-process),
+    started with the address it bound. Start it before the stages, in the same nursery: cancelled when the
+    phase ends together with the gate's launcher, which sends the gate SIGTERM; the gate answers with its final
+    statistics, read on (shielded, at most `FINAL_REPORT_WAIT_S`) until they arrive."""
+    placed: Callable[[], contextlib.AbstractAsyncContextManager[StagePlacement]]
+    """`async with stages.placed() as where`: the stages' hosts exist inside the block (Ray actors), and
+    `where` says how the phase's zmq context is keyed and where its sockets bind."""
+
+
+@dataclass(frozen=True)
+class StagePlacement:
+    """Where the phase's sockets are, given where its stages run."""
+
+    context_options: dict[str, Any]
+    """`open_context` keywords of the phase's context (the run's secret; on Ray, its CURVE keys)."""
+    placed: Placed | None
+    """The stage actors on Ray (their own key pairs, their nodes); None where the stages need no launcher."""
+
+    def bind(self, t: TransportSection) -> TransportSection:
+        """The addresses this process binds: on Ray an ephemeral tcp port each (read back from the socket)."""
+        if self.placed is None:
+            return t
+        return msgspec.structs.replace(t, **{k: self.placed.bind_address(k) for k in ("events", "reports", "control")})
+
+    def reachable(self, bound: str) -> str:
+        """The address a peer is given for a socket this process bound at `bound`."""
+        return bound if self.placed is None else self.placed.reachable(bound)
+
+
+@contextlib.asynccontextmanager
+async def _here(where: StagePlacement) -> AsyncIterator[StagePlacement]:
+    yield where
 
 
 def place_stages(cfg: RunConfig, trainer: Trainer, *, capture_state: bool, secret: bytes = b"") -> PhaseStages:
-    """The phase's gate (None without `[gate]`) and learner, where `transport.mode` puts them."""
+    """The phase's gate (None without `[gate]`) and learner, where `transport.mode` puts them (with
+    `placement.launcher = "ray"` and processes mode: Ray actors)."""
     reports_in, reports = trio.open_memory_channel[Any](8)
+    here = partial(_here, StagePlacement({"secret": secret}, None))
     if cfg.transport.mode != "processes":
         gate = build_gate_stage(cfg) if cfg.gate.enabled else None
         learner = _LocalLearner(build_learner_stage(cfg, trainer, reports_in, version=0, capture_state=capture_state,
                                                     announced_on_socket=False))
-        return PhaseStages(gate, learner, reports, _nothing_to_read)
+        return PhaseStages(gate, learner, reports, _nothing_to_read, here)
     children = _ChildReports(reports_in)
     gate_child = GateChild(cfg, secret) if cfg.gate.enabled else None
     learner_child = LearnerChild(cfg, trainer, secret, children, capture_state=capture_state)
     children.gate, children.learner = gate_child, learner_child
-    return PhaseStages(gate_child, learner_child, reports, children.receive)
+    placed = here
+    if cfg.placement.launcher == "ray":
+        placed = partial(_placed_by, build_launcher(cfg), [h for h in (gate_child, learner_child) if h is not None])
+    return PhaseStages(gate_child, learner_child, reports, children.receive, placed)
+
+
+@contextlib.asynccontextmanager
+async def _placed_by(launcher: Any, handles: list[GateChild | LearnerChild]) -> AsyncIterator[StagePlacement]:
+    """The stage children placed by `launcher` (Ray: an actor each, identified) for the block."""
+    async with launcher.place("stage", [h.child for h in handles]) as placed:
+        for handle in handles:
+            handle.placed = placed
+        try:
+            yield StagePlacement(placed.context_options(), placed)
+        finally:
+            for handle in handles:
+                handle.placed = None
 
 
 async def _nothing_to_read(ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    task_status.started()
+    task_status.started(ctx.addresses.reports)
+
+
+async def _run_child(child: Child, spec: Any, placed: Placed | None, ctx: StageContext, bound: str, *,
+                     task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Run a stage child until cancelled; started, once it is ready, with the address its socket `bound`
+    has as the phase reaches it (a Ray actor binds an ephemeral port of its node, keyed by its own pair)."""
+    async with trio.open_nursery() as nursery:
+        if placed is None:
+            await nursery.start(partial(launch, child, spec))
+        else:
+            await nursery.start(partial(placed.launch, child, placed.sealed(spec)))
+        address = child.endpoints.get(bound, getattr(ctx.addresses, bound))
+        key = placed.peer_key(child) if placed is not None else None
+        if key is not None:
+            ctx.zmq.trust_server(address, key)
+        task_status.started(address)
 
 
 class _LocalLearner:
@@ -176,13 +243,14 @@ class GateChild:
     def __init__(self, cfg: RunConfig, secret: bytes) -> None:
         self._cfg, self._secret = cfg, secret
         self.child = Child("gate", "its process")
+        self.placed: Placed | None = None
         self._identity: GateIdentity | None = None
         self._statistics: dict[str, float | None] = {}
         self._counters: dict[str, Any] | None = None
 
     async def run(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         spec = child_spec("gate", self._cfg, ctx.addresses, self._secret, run_dir=str(ctx.run_dir), gate_counters=self._counters)
-        await launch(self.child, spec, task_status=task_status)
+        await _run_child(self.child, spec, self.placed, ctx, "steps", task_status=task_status)
 
     def identity(self) -> GateIdentity | None:
         return self._identity
@@ -213,13 +281,14 @@ class LearnerChild:
         self._cfg, self._trainer, self._secret, self._children = cfg, trainer, secret, children
         self._capture_state = capture_state
         self.child = Child("learner", "its process")
+        self.placed: Placed | None = None
         self.version = 0
 
     async def run(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         self._children.learner_version = self.version
         spec = child_spec("learner", self._cfg, ctx.addresses, self._secret, run_dir=str(ctx.run_dir), version=self.version,
                      trainer_state=to_bytes(self._trainer.state_dict()), capture_state=self._capture_state)
-        await launch(self.child, spec, task_status=task_status)
+        await _run_child(self.child, spec, self.placed, ctx, "results", task_status=task_status)
 
     def training_sink(self, channel: trio.MemorySendChannel[Any]) -> Any:
         return _SocketAnnouncer(channel)
@@ -251,7 +320,7 @@ class _ChildReports:
         t = ctx.addresses
         pull = ctx.zmq.socket("pull", t.reports, bind=True, receives=ReportStream, hwm=t.hwm, name="reports")
         async with pull, self._reports:
-            task_status.started()
+            task_status.started(pull.address)
             try:
                 async for message in pull:
                     await self._take(message, pull, ctx.zmq)
@@ -278,10 +347,11 @@ class _ChildReports:
     async def _take(self, message: ReportStream, pull: Any, zmq: Context) -> None:
         children = self._children()
         match message:
-            case StageReady(stage=stage):
-                if stage not in children or children[stage].ready.is_set():
-                    pull.drop("unexpected_ready", f"StageReady of {stage!r}")
+            case StageReady(stage=stage, endpoints=endpoints):
+                if stage not in children or children[stage].ready.is_set() or not set(endpoints) <= BOUND_BY[stage]:
+                    pull.drop("unexpected_ready", f"StageReady of {stage!r} ({sorted(endpoints)} bound)")
                     return
+                children[stage].endpoints = dict(endpoints)
                 if stage == "gate" and self.gate is not None:
                     self.gate.took_ready(message)
                 children[stage].ready.set()

@@ -1,9 +1,12 @@
-"""Children as Ray actors (`placement.launcher = "ray"`): the decoding workers spread over a Ray cluster.
+"""Children as Ray actors (`placement.launcher = "ray"`): the decoding workers spread over a Ray cluster, and
+in processes mode the gate and learner stages (role "stage" here, `[placement.stages]`, packed).
 
 This process stays the coordinator: admission, the staleness budget, the allocator, the rollout stage, cut
-routing, the gate and learner stages, checkpoints and metrics keep running in it, on the node it was started
-on. Ray places the decoders, the scaled unit; the data between them and the coordinator never goes
-through Ray's object store: it is the same ZeroMQ + msgspec traffic as between local processes.
+routing, checkpoints and metrics keep running in it, on the node it was started on. Ray places the
+decoders, the scaled unit; the data between them and the coordinator never goes through Ray's object
+store: it is the same ZeroMQ + msgspec traffic as between local processes. A stage actor binds its own
+socket on its node (`ChildSpec.bind_host`) under its own key pair, admitting only the coordinator's key, and
+says the address in its `StageReady`; the coordinator connects to it expecting that actor's key (`peer_key`).
 
 Placing a set of children (`RayLauncher.place`), in two phases:
 
@@ -130,7 +133,8 @@ class ChildActor:
     def run(self, spec: bytes) -> None:
         decoded = msgspec.msgpack.decode(spec, type=ChildSpec)  # typed decoding: nothing here runs code
         sys.path[:] = [*decoded.sys_path, *(p for p in sys.path if p not in decoded.sys_path)]
-        trio.run(_serve_in_actor, self, decoded, own_keys(self._public, self._secret, server=decoded.server_key))
+        admits = frozenset({decoded.server_key}) if decoded.server_key else frozenset()  # what a stage child binds
+        trio.run(_serve_in_actor, self, decoded, own_keys(self._public, self._secret, admits=admits, server=decoded.server_key))
 
     def started(self, token: trio.lowlevel.TrioToken, scope: trio.CancelScope) -> None:
         """Called on the actor's Trio thread as `run` begins: where `stop` reaches it."""
@@ -180,15 +184,16 @@ class RayLauncher:
     @contextlib.asynccontextmanager
     async def _place(self, role: str, children: Sequence[Child], env: dict[str, str]) -> AsyncIterator[Placed]:
         p = self._placement
-        resources = {"decoder": p.decoder}[role]  # the roles Ray places (the gate and learner stay in this process)
+        resources, strategy = {"decoder": (p.decoder, p.decoder_strategy), "stage": (p.stages, "PACK")}[role]
         bundle = {key: amount for key, amount in {"CPU": resources.num_cpus, "GPU": resources.num_gpus, **resources.resources}.items()
                   if amount}
-        group = placement_group([bundle] * len(children), strategy=p.decoder_strategy)
+        group = placement_group([bundle] * len(children), strategy=strategy)
         actors: list[Any] = []
         try:
-            await _reserved(group, bundle, len(children), p.ready_timeout_s)
+            await _reserved(group, bundle, role, len(children), p.ready_timeout_s)
             tag = secrets.token_hex(3)
-            names = [f"rollcut-{role}-{index}-{tag}" for index in range(len(children))]
+            names = [f"rollcut-{role}-{index}-{tag}" if role == "decoder" else f"rollcut-{child.stage}-{tag}"
+                     for index, child in enumerate(children)]
             actor_class = ray.remote(ChildActor)
             for index, name in enumerate(names):
                 actors.append(actor_class.options(
@@ -214,13 +219,15 @@ class RayLauncher:
             remove_placement_group(group)
 
 
-async def _reserved(group: Any, bundle: dict[str, float], count: int, timeout_s: float) -> None:
+async def _reserved(group: Any, bundle: dict[str, float], role: str, count: int, timeout_s: float) -> None:
     with trio.move_on_after(timeout_s):
         await resolved(group.ready())
         return
-    raise StageFailed("policy", f"Ray could not reserve {count} decoder bundle(s) of {bundle} in {timeout_s:g} s "
-                                f"(placement.ready_timeout_s); the cluster has {ray.cluster_resources()}, free now "
-                                f"{ray.available_resources()}: lower policy.workers or [placement.decoder], or add nodes")
+    remedy = "lower policy.workers or [placement.decoder]" if role == "decoder" else "lower [placement.stages]"
+    raise StageFailed("policy" if role == "decoder" else "placement",
+                      f"Ray could not reserve {count} {role} bundle(s) of {bundle} in {timeout_s:g} s "
+                      f"(placement.ready_timeout_s); the cluster has {ray.cluster_resources()}, free now "
+                      f"{ray.available_resources()}: {remedy}, or add nodes")
 
 
 @dataclass(frozen=True)
@@ -232,7 +239,8 @@ class _RayPlaced:
     advertise: str
 
     def context_options(self) -> dict[str, Any]:
-        admitted = frozenset(identity.public for _, identity in self.actors.values())
+        # the actors, and this process itself (its own stages subscribe to the events it publishes over tcp)
+        admitted = frozenset(identity.public for _, identity in self.actors.values()) | {self.public}
         return {"keys": own_keys(self.public, self.secret, admits=admitted)}
 
     def bind_address(self, name: str) -> str:
@@ -244,8 +252,12 @@ class _RayPlaced:
     def sealed(self, spec: ChildSpec) -> ChildSpec:
         return msgspec.structs.replace(spec, server_key=self.public, secret=b"")
 
+    def peer_key(self, child: Child) -> bytes | None:
+        return self.actors[child][1].public
+
     async def launch(self, child: Child, spec: ChildSpec, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         actor, identity = self.actors[child]
+        spec = msgspec.structs.replace(spec, bind_host=identity.ip)  # what it binds, it binds on its node
         run = actor.run.remote(msgspec.msgpack.encode(spec))
         try:
             async with trio.open_nursery() as nursery:
@@ -286,5 +298,8 @@ async def _ping(child: Child, actor: Any, identity: ActorIdentity) -> None:
 
 
 def _first_line(exc: BaseException) -> str:
+    """`Type: first line` of what failed (inside nurseries' exception groups, the first leaf)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0].rstrip('.') if text else ''}"

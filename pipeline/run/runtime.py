@@ -17,10 +17,11 @@ from pipeline.transport import Context
 async def publish_events(
     zmq: Context, address: str, hwm: int, inbox: trio.MemoryReceiveChannel[AnyMessage], *, task_status: Any
 ) -> None:
-    """Own the events PUB socket: forward every message of the phase's event channel."""
+    """Own the events PUB socket (started with the address it bound): forward every message of the phase's
+    event channel."""
     pub = zmq.socket("pub", address, bind=True, hwm=hwm)
     async with pub, inbox:
-        task_status.started()
+        task_status.started(pub.address)
         async for message in inbox:
             await pub.send(message)
 

@@ -1,20 +1,25 @@
-"""The gate and learner stages in child processes of their own (roles "gate" and "learner" of `launch.py`,
-placed there by `placement.py` when `transport.mode = "processes"`).
+"""The gate and learner stages in children of their own (roles "gate" and "learner" of `launch.py`, placed
+by `placement.py` when `transport.mode = "processes"`: child processes, or Ray actors on `placement.launcher =
+"ray"`).
 
 Each child builds its stage with `build.py` from the config it was given, seals its sockets with the run's
-secret, says `StageReady` on the reports socket once its sockets are open, and reports what the parent
-reads: the learner its `LearnerUpdated` / `LearnerDropped`, the gate a `GateReport` at most every
-`REPORT_EVERY_S` and a final one when stopped (SIGTERM), both the frames their own sockets dropped.
+secret (on Ray: CURVE with its own key pair, admitting the coordinator's key), binds its one socket (the
+gate's steps, the learner's results; on Ray an ephemeral port of its node), says `StageReady` with that
+address on the reports socket once its sockets are open, and reports what the parent reads: the learner its
+`LearnerUpdated` / `LearnerDropped`, the gate a `GateReport` at most every `REPORT_EVERY_S` and a final one
+when stopped (SIGTERM, or the actor's `stop()`), both the frames their own sockets dropped.
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 import trio
 
@@ -28,7 +33,10 @@ from stages.gate_stage import GateStage
 
 from .build import build_backend, build_gate_stage, build_learner_stage, build_suite, build_trainer
 from .launch import ChildSpec
-from .placement import REPORT_EVERY_S, from_bytes, to_bytes
+from .placement import BOUND_BY, FINAL_REPORT_WAIT_S, REPORT_EVERY_S, from_bytes, to_bytes
+
+FINAL_REPORT_S = FINAL_REPORT_WAIT_S / 2
+"""How long a stopped gate tries to send its final report (the parent reads for it at most FINAL_REPORT_WAIT_S)."""
 
 
 @contextlib.asynccontextmanager
@@ -36,6 +44,8 @@ async def _child_context(stage: str, spec: ChildSpec, keys: CurveKeys | None) ->
     """A child's zmq context (sealed with the run's secret), its reports PUSH, a nursery that also reports the
     frames this process's sockets drop, and the stage context."""
     t = spec.addresses
+    if spec.bind_host:  # on Ray: what this child binds, on its node at an ephemeral port (said in StageReady)
+        t = msgspec.structs.replace(t, **{name: f"tcp://{spec.bind_host}:0" for name in BOUND_BY[stage]})
     async with open_context(t.curve_dir, secret=spec.secret, keys=keys) as zmq, trio.open_nursery() as nursery:
         reports = zmq.socket("push", t.reports, bind=False, hwm=t.hwm)
         async with reports:
@@ -84,28 +94,38 @@ async def serve_learner(spec: ChildSpec, keys: CurveKeys | None) -> None:
     async with _child_context("learner", spec, keys) as (_zmq, reports, nursery, ctx):
         learner = build_learner_stage(cfg, trainer, _WireReports(reports), version=spec.version,
                                       capture_state=spec.capture_state, announced_on_socket=True)
-        await nursery.start(learner.run, ctx)
-        await reports.send(StageReady(stage="learner"))
+        results = await nursery.start(learner.run, ctx)
+        await reports.send(StageReady(stage="learner", endpoints={"results": results}))
         await trio.sleep_forever()
 
 
 async def serve_gate(spec: ChildSpec, keys: CurveKeys | None) -> None:
     gate = build_gate_stage(spec.config, spec.gate_counters)
     async with _child_context("gate", spec, keys) as (zmq, reports, _nursery, ctx):
-        # The parent stops this process with SIGTERM when the phase ends; the statistics since the last
-        # periodic report (all of them, in a phase shorter than REPORT_EVERY_S) would die with it.
-        with trio.open_signal_receiver(signal.SIGTERM) as stop_requests:  # before ready: every stop is answered
+        # Told to stop (SIGTERM in a child process, `stop()` cancelling a Ray actor's run), the gate settles its
+        # shadow labels and sends its final statistics: those since the last periodic report (all of them, in a
+        # phase shorter than REPORT_EVERY_S) would die with it.
+        try:
             async with trio.open_nursery() as serving:
-                await serving.start(gate.run, ctx)
-                await reports.send(StageReady(stage="gate", gate=gate.gate.name, shadow=gate.shadow))
+                if threading.current_thread() is threading.main_thread():  # a child process: SIGTERM stops serving
+                    await serving.start(_stop_on_sigterm, serving.cancel_scope)  # before ready: every stop is answered
+                steps = await serving.start(gate.run, ctx)
+                await reports.send(StageReady(stage="gate", gate=gate.gate.name, shadow=gate.shadow, endpoints={"steps": steps}))
                 serving.start_soon(_report_changes, gate, reports)
-                async for _ in stop_requests:
-                    break
-                serving.cancel_scope.cancel()  # the step stream ends here, as the in-process gate's does
-        gate.finish()  # settle pending shadow labels, as the phase does for a gate in its process
-        await _send_drops("gate", zmq, reports, {})  # before the final report: the parent reads to that one
-        await reports.send(GateReport(statistics=dict(gate.statistics()), counters=gate.counters_state(), final=True))
+        finally:  # the step stream has ended here, as the in-process gate's does
+            with trio.CancelScope(shield=True), trio.move_on_after(FINAL_REPORT_S):
+                gate.finish()  # settle pending shadow labels, as the phase does for a gate in its process
+                await _send_drops("gate", zmq, reports, {})  # before the final report: the parent reads to that one
+                await reports.send(GateReport(statistics=dict(gate.statistics()), counters=gate.counters_state(), final=True))
         # leaving the context closes the socket with its linger and ctx.term() flushes this last frame
+
+
+async def _stop_on_sigterm(scope: trio.CancelScope, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM) as stop_requests:
+        task_status.started()
+        async for _ in stop_requests:
+            scope.cancel()
+            return
 
 
 async def _report_changes(gate: GateStage, reports: Any) -> None:

@@ -29,10 +29,12 @@ def test_a_decoder_must_reserve_something():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="the ray extra is not installed")
-def test_ray_keeps_the_gate_and_learner_in_the_coordinator():
-    with pytest.raises(ConfigError, match='set transport.mode = "threads"'):
-        load_config(None, ['placement.launcher="ray"', 'transport.mode="processes"'])
-    assert load_config(None, ['placement.launcher="ray"']).placement.launcher == "ray"
+def test_ray_takes_either_mode_and_checks_the_stages_resources():
+    assert load_config(None, ['placement.launcher="ray"']).transport.mode == "threads"  # stages in the coordinator
+    cfg = load_config(None, ['placement.launcher="ray"', 'transport.mode="processes"', "placement.stages={resources = {head = 1}}"])
+    assert cfg.placement.stages.resources == {"head": 1}  # the gate and learner as actors, on the head
+    with pytest.raises(ConfigError, match="placement.stages reserves nothing"):
+        load_config(None, ['placement.launcher="ray"', 'transport.mode="processes"', "placement.stages={num_cpus = 0}"])
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ray") is not None, reason="the ray extra is installed")
