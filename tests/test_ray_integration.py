@@ -9,7 +9,8 @@ machine's IP (so placement is checked by node id). This process is the coordinat
   last update is kept, and the resumed run reaches the configured updates with every update counted once;
 * with `transport.mode = "processes"` the gate and learner stages are actors on the head (its custom
   resource), each binding its own socket on an ephemeral port with its own keys; a stranger's connection to
-  the gate's steps socket is refused and counted, and the run reaches its updates with the same counts.
+  the gate's steps socket is refused and counted, and the run reaches its updates with the same counts; a
+  killed learner actor stops the run naming it and its node, and the run resumes exactly.
 """
 
 from __future__ import annotations
@@ -200,4 +201,24 @@ async def test_gate_and_learner_actors_on_the_head_refuse_a_stranger_and_the_run
     assert summary["cut_groups_reaching_learner"] == 0 and summary["trajectories_failed"] == 0
     assert summary["dropped_frames"]["steps"].get("handshake_failed", 0) >= 1  # the stranger, counted by the gate
     assert summary["dropped_frames_total"] == sum(summary["dropped_frames"]["steps"].values())  # and nothing else
+    assert await _nothing_left() == ([], [])
+
+
+async def test_a_killed_learner_actor_stops_the_run_by_name_and_the_run_resumes_exactly(cluster, tmp_path):
+    sets = _tiny(tmp_path, *ON_RAY, *STAGES_ON_HEAD, "run.updates=4", "run.name=learner-killed")
+    cfg = load(None, [*sets, 'stages=[{target = "tests.plugin_ray:KillDecoder", options = {after = 1, actor = "learner"}}]'])
+    with pytest.raises(RunFailed) as failed:
+        await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
+    message = str(failed.value)
+    print(message)
+    assert "stage 'learner': its process (Ray actor rollcut-learner-" in message
+    assert f" on node {ray.util.get_node_ip_address()} (" in message and "died" in message
+    assert await _nothing_left() == ([], [])
+    stopped_at = int(re.search(r"checkpoint at update (\d+)", message).group(1))
+    assert 1 <= stopped_at < 4
+    run_dir = tmp_path / "runs" / "learner-killed"
+    resumed = await run_job(load(run_dir / "config.toml", []), progress=Progress(4, enabled=False), resume_dir=run_dir)
+    summary, rows = resumed.summary, _metrics(run_dir)
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4]  # appended after the checkpoint, none twice
+    assert summary["learner_updates"] == 4 and summary["groups_trained"] == rows[-1]["groups_trained"]
     assert await _nothing_left() == ([], [])
