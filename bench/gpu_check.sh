@@ -23,27 +23,10 @@ GRPO_S=${GRPO_S:-100}
 ARM_S=${ARM_S:-20}
 mkdir -p "$OUT_DIR"
 LOG=$OUT_DIR/gpu_check.log
-: > "$LOG"
-failed=()
-started=$(date +%s)
-
-say() { echo "== $* (at $(( $(date +%s) - started )) s)" | tee -a "$LOG"; }
-step() {  # step NAME LIMIT_S COMMAND...: run it under a time limit (SIGINT first: a run writes its checkpoint)
-  local name=$1 limit=$2; shift 2
-  say "$name (limit ${limit} s)"
-  timeout -s INT -k 20 "$limit" "$@" 2>&1 | tee -a "$LOG"
-  local rc=${PIPESTATUS[0]}
-  say "$name: exit $rc"
-  [ "$rc" -eq 0 ] || failed+=("$name (exit $rc)")
-}
+source bench/gpu_steps.sh
 
 # 0. What the image lacks, from the carried wheels; stop here, naming them, if something is still missing.
-WHEELS=${WHEELS:-.whl}
-if compgen -G "$WHEELS/*.whl" > /dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/rollcut-site "$WHEELS"/*.whl \
-    2>&1 | tee -a "$LOG" || { say "installing .whl/ failed"; exit 1; }
-  export PYTHONPATH=/tmp/rollcut-site${PYTHONPATH:+:$PYTHONPATH}
-fi
+install_wheels
 $PY - <<'PY' 2>&1 | tee -a "$LOG"
 import importlib.util, os, sys
 needed = ("torch", "numpy", "trio", "zmq", "msgspec", "rapidfuzz", "structlog", "pytest", "pytest_trio", "hypothesis", "matplotlib")

@@ -27,27 +27,8 @@ EVAL_TASKS=${EVAL_TASKS:-30}
 GRPO_S=${GRPO_S:-60}
 mkdir -p "$OUT_DIR"
 LOG=$OUT_DIR/gpu_scaling.log
-: > "$LOG"
-failed=()
-started=$(date +%s)
-
-say() { echo "== $* (at $(( $(date +%s) - started )) s, load $(cut -d' ' -f1-3 /proc/loadavg))" | tee -a "$LOG"; }
-back() { [ -n "${OUT:-}" ] && for f in "$@"; do [ -f "$f" ] && cp "$f" "$OUT/"; done; return 0; }
-step() {  # step NAME LIMIT_S COMMAND...: under a time limit (SIGINT first: a run writes its checkpoint)
-  local name=$1 limit=$2; shift 2
-  say "$name (limit ${limit} s)"
-  timeout -s INT -k 15 "$limit" "$@" 2>&1 | tee -a "$LOG"
-  local rc=${PIPESTATUS[0]}
-  say "$name: exit $rc"
-  [ "$rc" -eq 0 ] || failed+=("$name (exit $rc)")
-  back "$LOG"
-}
-
-if compgen -G ".whl/*.whl" > /dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/rollcut-site .whl/*.whl \
-    2>&1 | tee -a "$LOG" || { say "installing .whl/ failed"; exit 1; }
-  export PYTHONPATH=/tmp/rollcut-site${PYTHONPATH:+:$PYTHONPATH}
-fi
+source bench/gpu_steps.sh
+install_wheels
 $PY -c "import torch, os, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'CUDA',
 torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-', os.cpu_count(), 'CPUs')" \
   2>&1 | tee -a "$LOG"
