@@ -2,12 +2,15 @@
 
     nice -n 10 python bench/calibrate_gate.py [--seeds 0 1 2] [--groups 128] [--out docs/gate_table.md]
                                               [--config FILE] [--set section.key=value ...] [--fresh]
+                                              [--weights 'runs/NAME-s{seed}/checkpoints/policy.pt']
 
 1. Collect (once per policy and seed, cached under runs/calibration/): `--groups` first-stage groups of
    G = rollout.group_size rollouts of train tasks (drawn by the seed from the allocator's pool), rolled out
    to the end by the real `RolloutStage` with nothing cut, with the policy's warm start for that seed. Every
    step's event (action, done, reward so far, admissible, new observation) and token count is recorded.
    The cache file is keyed by a hash of the policy's weights, so a changed warm start is collected anew.
+   `--weights` rolls out with a run's published weights instead of the warm start (`{seed}` in the path is
+   each seed's: a policy partway through its run, e.g. a checkpoint of the learn preset's).
 2. Replay every group through each gate class (`gates.calibration`): each threshold gate once with a tau
    that never cuts; every (checkpoints, tau) is then a pure function of the recorded values.
 3. Print, per gate, K schedule and tau: cuts, precision, recall (positive = zero reward variance over the
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import random
 import sys
 from collections.abc import Callable, Sequence
@@ -124,12 +128,19 @@ def _served_key(cfg) -> str | None:
     return digest.hexdigest()[:12]
 
 
-def collect(overrides: Sequence[str], seed: int, n_groups: int, fresh: bool, config: str | None = None) -> list[RecordedGroup]:
+def collect(overrides: Sequence[str], seed: int, n_groups: int, fresh: bool, config: str | None = None,
+            weights: str | None = None) -> list[RecordedGroup]:
     cfg = load(config, [*overrides, f"run.seed={seed}"])
     torch.set_num_threads(cfg.run.torch_threads)  # as run_job: one intra-op thread unless configured
     suite = build_suite(cfg)
     key = _served_key(cfg)
     policy = build_policy(cfg, suite) if key is None else None
+    if weights is not None:
+        if policy is None:
+            raise SystemExit("--weights is for the embedded policy (a served model's weights are its folder)")
+        blob = Path(weights.format(seed=seed)).read_bytes()  # a run's checkpoints/policy.pt: tensors only
+        policy.load_weights(1, torch.load(io.BytesIO(blob), weights_only=True))
+        key = "w" + hashlib.sha256(blob).hexdigest()[:11]
     path = CACHE / f"groups-{cfg.env.name}-seed{seed}-n{n_groups}-{key or _weights_key(policy)}.msgpack"
     if path.exists() and not fresh:
         print(f"  seed {seed}: cached {path}", file=sys.stderr)
@@ -354,9 +365,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--fresh", action="store_true", help="collect again even if a recording is cached")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override, as run.py")
     parser.add_argument("--config", help="TOML config file, as run.py (e.g. configs/smollm2.toml)")
+    parser.add_argument("--weights", help="roll out with these weights (a run's checkpoints/policy.pt; {seed}: each seed's)")
     args = parser.parse_args(argv)
     configure_logging(None)
-    groups = [g for seed in args.seeds for g in collect(args.overrides, seed, args.groups, args.fresh, args.config)]
+    groups = [g for seed in args.seeds
+              for g in collect(args.overrides, seed, args.groups, args.fresh, args.config, args.weights)]
     text = report(groups, families(groups, default_candidates(), not args.no_combinations), args.min_precision)
     print(text)
     if args.out:
