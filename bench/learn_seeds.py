@@ -19,7 +19,9 @@ Without `--verdict` the runs measure `eval.range` (dev by default: tuning). `--v
 declared verdict (`pipeline/verdict.py`, configs/verdicts/): its config, overrides and new seeds on the test
 range, kind "seeds" here and kind "ab" through `run.py ab`, and writes `FILE.result.md` / `.result.json`
 beside it whatever the figure is; a verdict with a result already, or not committed as it stands, is refused
-(exit 2; `--uncommitted` runs one anyway and says so in the result).
+(exit 2; `--uncommitted` runs one anyway and says so in the result). A verdict resumes: a seed whose run
+finished is kept, one stopped by Ctrl-C runs again, and one the machine's load flagged runs again up to
+`REDO_LOADED` times (the set-aside folders are kept and named in the result).
 """
 
 from __future__ import annotations
@@ -136,42 +138,68 @@ def _finished(folder: Path) -> bool:
     return path.is_file() and json.loads(path.read_text()).get("stop_reason") != "interrupted"
 
 
-def _set_aside(folder: Path) -> None:
-    """An unfinished run folder of a verdict (crash, Ctrl-C) is kept, out of the way of the rerun."""
+REDO_LOADED = 2
+"""A verdict seed whose run the machine's load flagged (`machine_loaded`: other processes took CPU from it) runs
+again, at most this many times: under a wall-clock budget (the learn preset's `run.max_wall_s`) another
+process's CPU changes how many updates the run makes, so what it learns. The rule looks at the load alone,
+never at the result; the loaded folders are kept (`.loaded-N`) and named in the result."""
+
+
+def _loaded(folder: Path) -> bool:
+    return json.loads((folder / "summary.json").read_text()).get("machine_loaded") is True
+
+
+def _count(folder: Path, why: str) -> int:
+    return sum(1 for _ in folder.parent.glob(f"{folder.name}.{why}-*"))
+
+
+def _set_aside(folder: Path, why: str = "unfinished") -> Path:
+    """A run folder of a verdict that does not count (crash or Ctrl-C: `unfinished`; `loaded`) is kept, out of
+    the way of the rerun."""
     n = 1
-    while folder.with_name(f"{folder.name}.unfinished-{n}").exists():
+    while folder.with_name(f"{folder.name}.{why}-{n}").exists():
         n += 1
-    folder.rename(folder.with_name(f"{folder.name}.unfinished-{n}"))
+    return folder.rename(folder.with_name(f"{folder.name}.{why}-{n}"))
 
 
 def _verdict_seeds(verdict: Verdict, name: str) -> tuple[dict[str, Any], str]:
-    """Kind "seeds": each seed into `<out>/verdict-<name>-s<seed>` (a finished one is kept); the result."""
+    """Kind "seeds": each seed into `<out>/verdict-<name>-s<seed>` (a finished one is kept, a loaded one run
+    again up to REDO_LOADED times); the result."""
     config = None if verdict.config == "default" else ROOT / verdict.config
     overrides = verdict.overrides()
     out, _ = _out(config, overrides)
     folders, failed = [], {}
     for seed in verdict.seeds:
         folder = out / f"verdict-{name}-s{seed}"
-        if _finished(folder):
-            print(f"seed {seed}: {folder} finished earlier, kept", file=sys.stderr, flush=True)
-            folders.append(folder)
-            continue
-        if folder.exists():
-            _set_aside(folder)
-        command = _command(config, [*overrides, f"run.seed={seed}", f'run.name="{folder.name}"'])
-        print(f"seed {seed}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
-        returncode = subprocess.run(command, cwd=ROOT).returncode
-        if returncode == 0 and _finished(folder):
-            folders.append(folder)
-        else:
-            failed[seed] = returncode
+        while True:
+            if _finished(folder):
+                if not _loaded(folder) or _count(folder, "loaded") >= REDO_LOADED:
+                    print(f"seed {seed}: {folder} finished, kept", file=sys.stderr, flush=True)
+                    folders.append(folder)
+                    break
+                aside = _set_aside(folder, "loaded")
+                print(f"seed {seed}: the machine's load flagged its run ({aside.name}): running it again",
+                      file=sys.stderr, flush=True)
+            elif folder.exists():
+                _set_aside(folder)
+            command = _command(config, [*overrides, f"run.seed={seed}", f'run.name="{folder.name}"'])
+            print(f"seed {seed}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
+            returncode = subprocess.run(command, cwd=ROOT).returncode
+            if returncode != 0 or not _finished(folder):
+                failed[seed] = returncode
+                break
     table = report(folders) if folders else "No seed finished."
     summaries = {s["seed"]: s for s in (json.loads((f / "summary.json").read_text()) for f in folders)}
     keep = ("heldout_range", "heldout_tasks_per_split", "heldout_before", "heldout_after", "heldout_success_before",
             "heldout_success_after", "heldout_curve", "wall_s", "grpo_wall_s", "warm_start_s", "env_steps", "generated_tokens",
             "learner_updates", "stop_reason", "load_1m_min", "load_1m_mean", "load_1m_max", "cores_available",
             "other_cpu_cores", "machine_loaded")
+    loaded_before = {seed: sorted(str(f) for f in out.glob(f"verdict-{name}-s{seed}.loaded-*")) for seed in verdict.seeds}
+    if any(loaded_before.values()):
+        table += ("\n\nRuns the machine's load flagged, set aside and run again (kept, not counted): "
+                  + ", ".join(Path(f).name for fs in loaded_before.values() for f in fs) + ".")
     data = {"folders": [str(f) for f in folders], "failed_seeds": failed,
+            "loaded_runs_set_aside": {str(seed): f for seed, f in loaded_before.items() if f},
             "per_seed": {str(seed): {k: s.get(k) for k in keep} for seed, s in sorted(summaries.items())}}
     rise = paired_difference({s: v["heldout_success_before"] for s, v in summaries.items()},
                              {s: v["heldout_success_after"] for s, v in summaries.items()})

@@ -149,3 +149,33 @@ def test_an_interrupted_seed_is_set_aside_and_run_again_a_finished_one_is_kept(l
     result = json.loads(path.with_suffix(".result.json").read_text())
     assert result["per_seed"]["100"]["heldout_success_after"] == pytest.approx(0.3)
     assert result["per_seed"]["101"]["heldout_success_after"] == pytest.approx(0.4)
+
+
+def test_a_seed_the_load_flagged_runs_again_at_most_twice_and_the_result_names_it(learn_seeds, tmp_path: Path, monkeypatch) -> None:
+    path = _verdict(tmp_path, VERDICT.format(out=tmp_path / "runs"))
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    loaded = _run_folder(runs, 100, (0.2, 0.2), (0.5, 0.5), name="verdict-v-s100")
+    (loaded / "summary.json").write_text(json.dumps(json.loads((loaded / "summary.json").read_text()) | {"machine_loaded": True}))
+    seeds = []
+    real_run = subprocess.run
+
+    def fake_run(command, cwd=None, **kwargs):  # seed 101's runs are always loaded: it is run again twice, then kept
+        if not str(command[1]).endswith("run.py"):
+            return real_run(command, cwd=cwd, **kwargs)
+        sets = dict(command[i + 1].split("=", 1) for i, a in enumerate(command) if a == "--set")
+        seeds.append(int(sets["run.seed"]))
+        folder = _run_folder(runs, seeds[-1], (0.2, 0.2), (0.3, 0.3), name=json.loads(sets["run.name"]))
+        summary = json.loads((folder / "summary.json").read_text()) | {"machine_loaded": seeds[-1] == 101}
+        (folder / "summary.json").write_text(json.dumps(summary))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(learn_seeds.subprocess, "run", fake_run)
+    monkeypatch.setattr(learn_seeds, "declared_commit", lambda p: "c" * 40)
+    assert learn_seeds.run_verdict(path) == 0
+    assert seeds == [100, 101, 101, 101]  # 100 once more (its quiet rerun counts), 101 first and twice again
+    result = json.loads(path.with_suffix(".result.json").read_text())
+    assert result["per_seed"]["100"]["heldout_success_after"] == pytest.approx(0.3)  # the rerun, not the loaded run
+    assert [Path(f).name for f in result["loaded_runs_set_aside"]["101"]] == ["verdict-v-s101.loaded-1", "verdict-v-s101.loaded-2"]
+    assert result["per_seed"]["101"]["machine_loaded"] is True  # kept after REDO_LOADED reruns, and named
+    assert "verdict-v-s100.loaded-1" in path.with_suffix(".result.md").read_text()
