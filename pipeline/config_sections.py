@@ -47,6 +47,9 @@ class RunSection(_Section):
     checkpoint_every: int = 1
     """Write checkpoints/state.pt every this many learner updates (0 = only at the end and on Ctrl-C);
     `python run.py resume RUN_DIR` continues from it."""
+    keep_weights_every: int = 0
+    """Also keep the policy's weights every this many updates as checkpoints/policy-v<N>.pt (0 = never): a
+    policy partway through its run, e.g. for `bench/calibrate_gate.py --weights`."""
     malloc_arenas: int = 0
     """Cap glibc's malloc arenas (pipeline/memory.py; 0 = glibc's default of 8 per core). Measured, not
     adopted: bench_memory rss_growth 0.01-0.41 in five runs with 2 arenas against 0.45-0.52 with glibc's
@@ -65,6 +68,7 @@ class RunSection(_Section):
             (self.max_wall_s > 0, "run.max_wall_s must be > 0"),
             (self.torch_threads >= 1, "run.torch_threads must be >= 1"),
             (self.checkpoint_every >= 0, "run.checkpoint_every must be >= 0"),
+            (self.keep_weights_every >= 0, "run.keep_weights_every must be >= 0"),
             (0 <= self.target_heldout <= 1, "run.target_heldout must be in [0, 1]"),
             (self.malloc_arenas >= 0, "run.malloc_arenas must be >= 0 (0 = glibc's default)"),
         )

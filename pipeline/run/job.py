@@ -249,7 +249,7 @@ def _grpo_parts(
         resume.set_rng_state(checkpoint["rng"])
     observers = build_observers(cfg)
     profiler = Profiler.from_config(cfg.profile, thread_cpu=cfg.profile.thread_cpu, gpu_stages=cfg.profile.gpu_stages)
-    checkpointer = resume.Checkpointer(run_dir, cfg.run.checkpoint_every, job)
+    checkpointer = resume.Checkpointer(run_dir, cfg.run.checkpoint_every, job, keep_weights_every=cfg.run.keep_weights_every)
     checkpointer.latest = checkpoint
     checkpointer.written_version = checkpoint["version"] if checkpoint else None
     return _GrpoParts(train, allocator, trainer, observers, profiler, checkpointer)

@@ -32,6 +32,7 @@ import msgspec
 import torch
 import trio
 
+from learner.trainer import published_weights
 from pipeline.config import RunConfig
 
 FORMAT = 1
@@ -60,9 +61,11 @@ class Checkpointer:
     """Holds the latest update-boundary state in memory and writes it every `every` updates (and on demand:
     Ctrl-C, the end of GRPO, a failure)."""
 
-    def __init__(self, run_dir: Path, every: int, job: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, run_dir: Path, every: int, job: Mapping[str, Any] | None = None, *, keep_weights_every: int = 0) -> None:
         self.path = run_dir / "checkpoints" / STATE_FILE
         self.every = every
+        self.keep_weights_every = keep_weights_every
+        """Also keep the policy's weights every this many updates (`run.keep_weights_every`: `weights_path`)."""
         self.job: dict[str, Any] = dict(job or {})
         """Job-level figures measured before GRPO, stored with every checkpoint."""
         self.latest: dict[str, Any] | None = None
@@ -74,6 +77,21 @@ class Checkpointer:
     async def after_update(self, version: int) -> None:
         if self.every and version % self.every == 0:
             await trio.to_thread.run_sync(self.write)
+        if self.keep_weights_every and version % self.keep_weights_every == 0:
+            await trio.to_thread.run_sync(self.keep_weights)
+
+    def weights_path(self, version: int) -> Path:
+        return self.path.with_name(f"policy-v{version:04d}.pt")
+
+    def keep_weights(self) -> Path | None:
+        """The published weights of the latest captured update as `checkpoints/policy-v<N>.pt` (tensors only:
+        what `bench/calibrate_gate.py --weights` rolls out); None when nothing was captured."""
+        state = self.latest
+        if state is None:
+            return None
+        path = self.weights_path(state["version"])
+        atomic_write(path, lambda f: torch.save(published_weights(state["trainer"]), f))
+        return path
 
     def write(self) -> int | None:
         """Write the latest captured state if not written yet; returns its version (None: nothing)."""
@@ -197,7 +215,8 @@ def restore_counters(state: Mapping[str, Any], *, counters: Any, admission: Any,
 IGNORED = ("run.name", "run.out")
 """The folder being resumed decides these."""
 HARMLESS = (
-    "run.updates", "run.max_wall_s", "run.progress", "run.torch_threads", "run.checkpoint_every", "run.flat_memory", "run.malloc_arenas",
+    "run.updates", "run.max_wall_s", "run.progress", "run.torch_threads", "run.checkpoint_every", "run.keep_weights_every",
+    "run.flat_memory", "run.malloc_arenas",
     "run.target_heldout", "policy.workers", "run.trackers", "trackers.", "policy.device", "learner.device",
     "learner.torch_threads", "policy.max_batch", "policy.max_wait_ms", "policy.cache_dir", "profile.", "transport.", "placement.",
     "eval.",

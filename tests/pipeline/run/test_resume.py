@@ -4,6 +4,7 @@ dropped, and config changes are sorted into blocking / training / harmless."""
 import json
 
 import pytest
+import torch
 
 from pipeline.config import load_config
 from pipeline.run.resume import (
@@ -39,6 +40,19 @@ def test_checkpointer_writes_every_n_updates_and_only_new_versions(tmp_path):
     assert load_state(tmp_path) == {"version": 1, "format": 1, "job": {"warm_start_s": 1.0}}
     mtime = ckpt.path.stat().st_mtime_ns
     assert ckpt.write() == 1 and ckpt.path.stat().st_mtime_ns == mtime  # same version: not rewritten
+
+
+async def test_the_published_weights_are_kept_every_n_updates_beside_the_checkpoint(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    ckpt = Checkpointer(tmp_path, every=1, keep_weights_every=2)
+    model, average = {"w": torch.zeros(2)}, {"w": torch.ones(2)}
+    for version in (1, 2, 3, 4):
+        ckpt.capture({"version": version, "trainer": {"model": model, "average": average if version == 4 else None}})
+        await ckpt.after_update(version)
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").glob("policy-v*.pt"))
+    assert kept == ["policy-v0002.pt", "policy-v0004.pt"]
+    assert torch.equal(torch.load(ckpt.weights_path(2), weights_only=True)["w"], torch.zeros(2))  # the learner's weights
+    assert torch.equal(torch.load(ckpt.weights_path(4), weights_only=True)["w"], torch.ones(2))  # the average it serves
 
 
 def test_trim_metrics_drops_rows_after_the_checkpoint_and_a_torn_last_line(tmp_path):
