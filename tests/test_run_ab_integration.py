@@ -53,3 +53,35 @@ def test_ab_tiny_writes_the_report(tmp_path):
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert json.loads((ab_dir / "report.json").read_text())["baseline"] == "async-grpo"
     assert re.search(r"\| gate \| 1( \(1 loaded\))? \|", (ab_dir / "report.md").read_text())  # the seeds column names a loaded run
+
+
+STUDY_ARMS = ("sync-grpo", "async-grpo", "gate-stall", "gate", "composed")
+"""The arms of the cost study (issue 36): the reference loop, the asynchronous loop, the two gates, the composed arm."""
+
+
+@pytest.mark.slow
+def test_the_study_arms_run_on_the_learn_preset_with_the_target_rule(tmp_path):
+    """The study's shape on the tiny budget: every arm on the learn preset, each run stopped at a held-out target
+    measured every update on the `valid` range, and the report's time-to-target table with each seed reached
+    or censored at its budget (which, on the tiny policy, is up to chance: the structure is checked)."""
+    args = [sys.executable, "run.py", "ab", "--arms", ",".join(STUDY_ARMS), "--seeds", "0", "--budget", "tiny",
+            "--config", "configs/learn.toml", "--target-heldout", "0.25", "--eval-every", "1", "--name", "study",
+            "--out", str(tmp_path / "runs"), "--set", f'policy.cache_dir="{tmp_path / "cache"}"', "--set", "eval.curve_tasks=4"]
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ab_dir = tmp_path / "runs" / "study" / "ab"
+    report = json.loads((ab_dir / "report.json").read_text())
+    assert report["stop_rule"] == {"kind": "target_heldout", "target": 0.25}
+    assert report["missing"] == [] and set(report["arms"]) == set(STUDY_ARMS)
+    for arm in STUDY_ARMS:
+        summary = json.loads((ab_dir / f"{arm}-s0" / "summary.json").read_text())
+        figures = report["arms"][arm]["per_seed"]["0"]
+        assert summary["heldout_curve_range"] == "valid"  # the stop rule never reads the test range
+        if figures["target_reached"] == 1.0:
+            assert summary["stop_reason"] == "target_heldout", arm
+        else:  # censored: it counts at the GRPO wall clock it ran
+            assert figures["target_reached"] == 0.0 and summary["stop_reason"] in ("updates", "max_wall_s"), arm
+            assert figures["time_to_target_s"] in (None, pytest.approx(summary["grpo_wall_s"]))  # None: a loaded run's wall
+    text = (ab_dir / "report.md").read_text()
+    assert "## Time to held-out success ≥ 25%" in text
+    assert all(re.search(rf"^\| {re.escape(arm)} \|", text, re.M) for arm in STUDY_ARMS)
