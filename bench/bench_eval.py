@@ -11,7 +11,8 @@ split, greedy:
 * `all splits at once`: `evaluate_splits`, every episode of every split concurrently through the
   batching policy, for each `--max-batch` (`policy.max_batch`, the most requests decoded together).
 
-Prints wall seconds, process CPU seconds, policy batches and the success per split for each, so the
+Prints wall seconds, process CPU seconds, policy batches and the success per split for each (behind decoding
+workers, `policy.workers` > 1: CPU is this process's alone and batches are "-", each worker batching), so the
 ratios are read from one run (a busy machine slows every row alike). Greedy episodes are deterministic,
 so every row must show the same success; a difference would be a bug.
 """
@@ -35,14 +36,20 @@ from pipeline.task_ranges import RANGES, task_range  # noqa: E402
 from stages.evaluate import evaluate, evaluate_splits  # noqa: E402
 
 
-async def _timed(policy, run) -> tuple[dict, float, float, int]:  # noqa: ANN001
+def _batches(policy) -> int | None:  # noqa: ANN001
+    """Batches decoded so far; None behind decoding workers (`policy.workers` > 1: each worker batches)."""
+    return getattr(policy.statistics(), "batches", None)
+
+
+async def _timed(policy, run) -> tuple[dict, float, float, int | None]:  # noqa: ANN001
     async with trio.open_nursery() as nursery:
         await nursery.start(policy.serve)
-        batches = policy.statistics().batches
+        batches = _batches(policy)
         wall, cpu = time.perf_counter(), time.process_time()
         reports = await run()
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        batches = policy.statistics().batches - batches
+        after = _batches(policy)
+        batches = after - batches if after is not None and batches is not None else None
         nursery.cancel_scope.cancel()
     return {split: r.success for split, r in reports.items()}, wall, cpu, batches
 
@@ -72,7 +79,7 @@ async def main(args: argparse.Namespace) -> None:
     print("|---|---|---|---|" + "---|" * len(splits) + "---|")
     for name, success, wall, cpu, batches in rows:
         figures = " | ".join(f"{success[s]:.1%}" for s in splits)
-        print(f"| {name} | {wall:.1f} | {cpu:.1f} | {batches} | {figures} | {wall / rows[0][2]:.2f} |")
+        print(f"| {name} | {wall:.1f} | {cpu:.1f} | {'-' if batches is None else batches} | {figures} | {wall / rows[0][2]:.2f} |")
 
 
 if __name__ == "__main__":
