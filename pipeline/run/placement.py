@@ -55,7 +55,7 @@ from pipeline.transport import Context
 from stages.rollout import GateIdentity
 
 from .build import build_gate_stage, build_launcher, build_learner_stage
-from .launch import Child, Placed, child_spec, launch
+from .launch import Child, Launcher, Placed, child_spec, launch
 from .runtime import AnnouncedSender
 
 REPORT_EVERY_S = 0.5
@@ -186,7 +186,7 @@ def place_stages(cfg: RunConfig, trainer: Trainer, *, capture_state: bool, secre
 
 
 @contextlib.asynccontextmanager
-async def _placed_by(launcher: Any, handles: list[GateChild | LearnerChild]) -> AsyncIterator[StagePlacement]:
+async def _placed_by(launcher: Launcher, handles: list[GateChild | LearnerChild]) -> AsyncIterator[StagePlacement]:
     """The stage children placed by `launcher` (Ray: an actor each, identified) for the block."""
     async with launcher.place("stage", [h.child for h in handles]) as placed:
         for handle in handles:
