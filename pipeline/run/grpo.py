@@ -139,18 +139,7 @@ async def run_grpo(
             nursery.start_soon(set_on, w.heldout.target_reached, phase.done)
             async with trio.open_nursery() as work:  # everything that trains: cancelled at the last update
                 await work.start(policy.serve)
-                # what this process binds first (the stage children connect to it), then the stages, each
-                # started with the address it bound (a Ray actor's ephemeral port), then what connects to them
-                reports = await work.start(w.stages.receive_reports, ctx)  # stage children's reports, read to the gate's last
-                ctx = reached(reports=reports, control=await work.start(w.rollout.run, ctx))
-                results = await work.start(w.stages.learner.run, ctx)
-                steps = t.steps
-                if w.stages.gate is not None:
-                    steps = await work.start(w.stages.gate.run, ctx)
-                    w.rollout.gate = w.stages.gate.identity()
-                ctx = _with_addresses(ctx, results=results, steps=steps)
-                await work.start(w.rollout.send_steps, ctx)
-                await work.start(send_all, zmq, results, t.hwm, w.training)
+                await _start_stages(work, w, zmq, ctx, reached)
                 await work.start(w.recorder.consume, w.stages.reports, evals)
                 await work.start(phase.lifecycle.run, w.rollout)
                 if stop is not None:
@@ -198,6 +187,21 @@ def _build(
     policy.attach_profiler(profiler)  # a no-op unless the backend records its own spans (PolicyHooks)
     phase.started = counters.window_started = trio.current_time()
     return _Wiring(phase, rollout, stages, heldout, recorder, events, events_in, training)
+
+
+async def _start_stages(work: trio.Nursery, w: _Wiring, zmq: Any, ctx: StageContext, reached: Any) -> None:
+    """What this process binds first (the stage children connect to it), then the stages, each started with
+    the address it bound (a Ray actor's ephemeral port), then what connects to them."""
+    reports = await work.start(w.stages.receive_reports, ctx)  # stage children's reports, read to the gate's last
+    ctx = reached(reports=reports, control=await work.start(w.rollout.run, ctx))
+    results = await work.start(w.stages.learner.run, ctx)
+    steps = ctx.addresses.steps
+    if w.stages.gate is not None:
+        steps = await work.start(w.stages.gate.run, ctx)
+        w.rollout.gate = w.stages.gate.identity()
+    ctx = _with_addresses(ctx, results=results, steps=steps)
+    await work.start(w.rollout.send_steps, ctx)
+    await work.start(send_all, zmq, results, ctx.addresses.hwm, w.training)
 
 
 def _with_addresses(ctx: StageContext, **addresses: str) -> StageContext:
