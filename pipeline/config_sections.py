@@ -7,7 +7,7 @@ Each section checks its own value ranges (`problems()`); checks that span sectio
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -98,10 +98,11 @@ class PolicySection(_Section):
     max_new_tokens: int = 12
     max_batch: int = 64
     """Most act() requests decoded together."""
-    workers: int = 1
+    workers: int | Literal["auto"] = 1
     """Decoding worker processes (`pipeline/run/decoding_pool.py`); 1 = decode in a thread of this process.
-    On 2 cores use 2: the default run made 186 env-steps/s with 2 workers against 111 with 1 (GRPO phase
-    177 s against 314 s, same seed, one after the other; docs/architecture.md)."""
+    "auto": from the cores this process may use (`pipeline.devices.auto_workers`: both of 2 cores, half of
+    more, at most 8), or on Ray from what the cluster holds. On 2 cores 2 workers made 186 env-steps/s
+    against 111 with 1 (the default run's GRPO phase 177 s against 314 s; docs/architecture.md)."""
     max_wait_ms: float = 2.0
     """How long the batcher waits for more requests after the first one arrives."""
     empty_output_action: str = ""
@@ -120,7 +121,7 @@ class PolicySection(_Section):
             (0 < self.top_p <= 1, "policy.top_p must be in (0, 1]"),
             (self.max_new_tokens >= 1, "policy.max_new_tokens must be >= 1"),
             (self.max_batch >= 1, "policy.max_batch must be >= 1"),
-            (self.workers >= 1, "policy.workers must be >= 1"),
+            (self.workers == "auto" or self.workers >= 1, "policy.workers must be >= 1 or \"auto\""),
             (self.max_wait_ms >= 0, "policy.max_wait_ms must be >= 0"),
         )
 

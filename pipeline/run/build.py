@@ -24,6 +24,7 @@ from learner.losses import LOSSES
 from learner.stage import LearnerStage, ReportSink
 from learner.trainer import Trainer
 from pipeline.config import RunConfig
+from pipeline.devices import auto_workers, available_cores
 from pipeline.stage import Stage, build_stage
 from stages import envs
 from stages.envs import EnvSuite, Task
@@ -52,10 +53,22 @@ def build_policy(cfg: RunConfig, suite: EnvSuite, *, warm_start: bool = True, wo
     run's decoders are."""
     local = build_backend(cfg, suite, warm_start=warm_start)
     on_ray = cfg.placement.launcher == "ray" and workers is None
-    workers = cfg.policy.workers if workers is None else workers
+    workers = decoding_workers(cfg) if workers is None else workers
     if workers <= 1 and not on_ray:
         return local
     return WorkerPoolPolicy(local, cfg, workers=workers, weights=local.trainable().state_dict(), launcher=build_launcher(cfg))
+
+
+def decoding_workers(cfg: RunConfig) -> int:
+    """`policy.workers`, with "auto" resolved: from the cores this process may use, or on Ray (joined: inside
+    `cluster(cfg)`) from how many `[placement.decoder]` bundles the cluster holds."""
+    if cfg.policy.workers != "auto":
+        return cfg.policy.workers
+    if cfg.placement.launcher == "ray":
+        from .ray_launch import auto_decoders
+
+        return auto_decoders(cfg)
+    return auto_workers(available_cores())
 
 
 def build_launcher(cfg: RunConfig) -> Launcher:

@@ -52,7 +52,7 @@ import trio
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from pipeline.config import PlacementSection
+from pipeline.config import PlacementSection, RoleResources, RunConfig
 from pipeline.curve import new_key_pair, own_keys
 from pipeline.stage import StageFailed
 
@@ -185,8 +185,7 @@ class RayLauncher:
     async def _place(self, role: str, children: Sequence[Child], env: dict[str, str]) -> AsyncIterator[Placed]:
         p = self._placement
         resources, strategy = {"decoder": (p.decoder, p.decoder_strategy), "stage": (p.stages, "PACK")}[role]
-        bundle = {key: amount for key, amount in {"CPU": resources.num_cpus, "GPU": resources.num_gpus, **resources.resources}.items()
-                  if amount}
+        bundle = _bundle(resources)
         group = placement_group([bundle] * len(children), strategy=strategy)
         actors: list[Any] = []
         try:
@@ -217,6 +216,26 @@ class RayLauncher:
             for actor in actors:
                 ray.kill(actor, no_restart=True)  # a no-op for an actor that has ended
             remove_placement_group(group)
+
+
+def _bundle(resources: RoleResources) -> dict[str, float]:
+    """What one actor of a role reserves, as a placement group bundle."""
+    return {key: amount for key, amount in {"CPU": resources.num_cpus, "GPU": resources.num_gpus, **resources.resources}.items()
+            if amount}
+
+
+def auto_decoders(cfg: RunConfig) -> int:
+    """`policy.workers = "auto"` on Ray (joined): as many `[placement.decoder]` bundles as the cluster holds once
+    one CPU is left to the coordinator and, in processes mode, the gate's and the learner's `[placement.stages]`
+    bundles are taken out; at least 1."""
+    free = dict(ray.cluster_resources())
+    free["CPU"] = free.get("CPU", 0.0) - 1.0
+    if cfg.transport.mode == "processes":
+        for key, amount in _bundle(cfg.placement.stages).items():
+            free[key] = free.get(key, 0.0) - 2 * amount
+    fits = min(int(free.get(key, 0.0) // amount) for key, amount in _bundle(cfg.placement.decoder).items())
+    log.info("ray.auto_workers", workers=max(1, fits), cluster=ray.cluster_resources())
+    return max(1, fits)
 
 
 async def _reserved(group: Any, bundle: dict[str, float], role: str, count: int, timeout_s: float) -> None:

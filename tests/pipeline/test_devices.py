@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pipeline.config import ConfigError, load_config
-from pipeline.devices import device_problems, resolve_device
+from pipeline.devices import auto_workers, device_problems, resolve_device
 from tests.cuda import needs_cuda
 
 
@@ -46,3 +46,19 @@ def test_cuda_devices_resolve_and_a_missing_index_is_refused():
     assert device_problems(beyond, "policy.device") == [
         f"policy.device = {beyond!r} but torch sees {torch.cuda.device_count()} CUDA device(s)"
     ]
+
+
+def test_auto_workers_uses_both_of_two_cores_and_half_of_more():
+    assert [auto_workers(cores) for cores in (1, 2, 3, 4, 8, 16, 64)] == [1, 2, 1, 2, 4, 8, 8]
+    assert auto_workers(0) == 1  # an empty affinity mask still decodes
+
+
+def test_policy_workers_takes_a_count_or_auto():
+    assert load_config(None, ["policy.workers=auto"]).policy.workers == "auto"
+    assert load_config(None, ['policy.workers="auto"']).policy.workers == "auto"
+    assert load_config(None, ["policy.workers=3"]).policy.workers == 3
+    for bad in ("0", "many"):
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [f"policy.workers={bad}", "policy.temperature=-1"])
+        assert "policy.temperature must be >= 0" in str(err.value)  # listed together
+        assert "policy.workers" in str(err.value)
