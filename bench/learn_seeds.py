@@ -210,12 +210,16 @@ def _verdict_seeds(verdict: Verdict, name: str) -> tuple[dict[str, Any], str]:
 
 
 def _verdict_ab(verdict: Verdict, name: str) -> tuple[dict[str, Any], str]:
-    """Kind "ab": `run.py ab` with the verdict's arms, seeds and budget (it resumes a study it finished part of)."""
+    """Kind "ab": `run.py ab` with the verdict's arms, seeds, budget and target rule (it resumes a study it finished
+    part of, and runs a run the machine's load flagged again, up to REDO_LOADED times)."""
     config = None if verdict.config == "default" else ROOT / verdict.config
     out, _ = _out(config, verdict.overrides())
     command = [sys.executable, str(ROOT / "run.py"), "ab", "--arms", ",".join(verdict.arms),
                "--seeds", ",".join(map(str, verdict.seeds)), "--budget", verdict.budget, "--name", f"verdict-{name}",
                "--out", str(out), "--baseline", verdict.baseline or verdict.arms[0],
+               "--redo-loaded", str(REDO_LOADED),
+               *(["--target-heldout", str(verdict.target_heldout)] if verdict.target_heldout is not None else []),
+               *(["--eval-every", str(verdict.eval_every)] if verdict.eval_every is not None else []),
                *(["--config", str(config)] if config is not None else []), *(a for s in verdict.overrides() for a in ("--set", s))]
     print(" ".join(command[1:]), file=sys.stderr, flush=True)
     returncode = subprocess.run(command, cwd=ROOT).returncode

@@ -13,6 +13,8 @@ A verdict is a committed TOML file, `configs/verdicts/<name>.toml`:
     arms = ["async-grpo", "gate-stall"] # kind "ab" only, with budget and baseline
     budget = "default"
     baseline = "async-grpo"
+    target_heldout = 0.45               # kind "ab": stop each run at this success on the valid range (time to target)
+    eval_every = 6                      # kind "ab": the valid measure every N updates (with target_heldout)
 
 `python bench/learn_seeds.py --verdict configs/verdicts/<name>.toml` runs exactly that (nothing on its command
 line may change it), and writes `<name>.result.md` and `<name>.result.json` beside it, whatever the figure
@@ -50,6 +52,8 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     arms: list[str] = []
     budget: str = ""
     baseline: str = ""
+    target_heldout: float | None = None
+    eval_every: int | None = None
 
     def problems(self) -> list[str]:
         problems = []
@@ -70,8 +74,12 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
                 problems.append("kind = 'ab' needs a budget (configs/budgets/<name>.toml, or 'none')")
             if self.baseline and self.baseline not in self.arms:
                 problems.append(f"baseline {self.baseline!r} is not one of the arms")
-        elif self.arms or self.budget or self.baseline:
-            problems.append("arms, budget and baseline are for kind = 'ab'")
+            if self.target_heldout is not None and not 0 < self.target_heldout <= 1:
+                problems.append(f"target_heldout = {self.target_heldout}: a held-out success in (0, 1]")
+            if self.eval_every is not None and (self.eval_every < 1 or self.target_heldout is None):
+                problems.append("eval_every: >= 1, and only with target_heldout")
+        elif self.arms or self.budget or self.baseline or self.target_heldout is not None or self.eval_every is not None:
+            problems.append("arms, budget, baseline, target_heldout and eval_every are for kind = 'ab'")
         return problems
 
     def overrides(self) -> list[str]:

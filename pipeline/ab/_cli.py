@@ -2,7 +2,7 @@
 
     python run.py ab [--arms A,B,...] [--seeds 0,1,2] [--budget default] [--config BASE] [--set K=V ...]
                      [--name NAME] [--out DIR] [--baseline ARM] [--target-heldout X [--eval-every N]]
-                     [--keep-loaded-wall] [--dry-run]
+                     [--keep-loaded-wall] [--redo-loaded N] [--dry-run]
     python run.py ab report RUN_DIR [--baseline ARM] [--keep-loaded-wall]
     python run.py ab list
 
@@ -25,7 +25,17 @@ from ._markdown import report_markdown
 from ._plots import write_plots
 from ._presets import Preset, find_presets, list_presets
 from ._report import build_report, read_run
-from ._runner import Loader, Study, check_resumable, execute, plan_study, read_plan, write_plan
+from ._runner import (
+    Loader,
+    Study,
+    check_resumable,
+    execute,
+    plan_study,
+    read_plan,
+    set_aside,
+    to_redo,
+    write_plan,
+)
 
 DEFAULT_ARMS = "sync-grpo,async-grpo,gate,gate-stall,gate-shadow,greso,pilot-commit,composed"
 
@@ -43,6 +53,9 @@ def _study_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-heldout", type=float, help="stop each run at this held-out success and compare time to reach it")
     p.add_argument("--eval-every", type=int, help="held-out evaluation every N updates (with --target-heldout; default 2)")
     p.add_argument("--keep-loaded-wall", action="store_true", help=_KEEP_LOADED)
+    p.add_argument("--redo-loaded", type=int, default=0, metavar="N",
+                   help="run a run the machine's load flagged (summary machine_loaded) again, at most N times; the loaded "
+                        "folders are kept as <arm>-s<seed>.loaded-<n> and named in the report (default: 0, kept as they are)")
     p.add_argument("--dry-run", action="store_true", help="validate and print the plan, run nothing")
     return p
 
@@ -98,8 +111,9 @@ def _study_command(args: argparse.Namespace, load: Loader, command: Sequence[str
         _print_plan(study, budget, todo)
         return 0
     write_plan(study, {"budget": budget.name if budget else None, "base_config": args.config, "set": list(args.overrides),
-                       "target_heldout": args.target_heldout, "keep_loaded_wall": args.keep_loaded_wall, "argv": sys.argv})
-    return _run_study(study, todo, command)
+                       "target_heldout": args.target_heldout, "keep_loaded_wall": args.keep_loaded_wall,
+                       "redo_loaded": args.redo_loaded, "argv": sys.argv})
+    return _run_study(study, todo, command, args.redo_loaded)
 
 
 def _run_out(load: Loader, base: str | None, overrides: list[str]) -> str:
@@ -118,24 +132,33 @@ def _print_plan(study: Study, budget: Preset | None, todo: list[Any]) -> None:
         print(f"[{i}/{len(study.runs)}] {run.name}: {'to run' if run in todo else 'finished'}")
 
 
-def _run_study(study: Study, todo: list[Any], command: Sequence[str]) -> int:
+def _run_study(study: Study, todo: list[Any], command: Sequence[str], redo_loaded: int = 0) -> int:
     failed = []
     print(f"A/B study: {len(study.arms)} arms x {len(study.seeds)} seeds, {len(todo)} to run, folder {study.ab_dir}", flush=True)
     try:
         for i, run in enumerate(study.runs, 1):
-            if run not in todo:
+            folder = study.ab_dir / run.name
+            if run not in todo and not to_redo(folder, redo_loaded):
                 print(f"[{i}/{len(study.runs)}] {run.name}: finished earlier, kept", flush=True)
                 continue
-            print(f"[{i}/{len(study.runs)}] {run.name}: running (log: {study.ab_dir / 'logs' / (run.name + '.log')})", flush=True)
-            outcome = execute(run, study.ab_dir, command)
-            if outcome.returncode != 0:
-                failed.append(run.name)
-                print(f"    failed with exit code {outcome.returncode} after {outcome.seconds:.0f} s", flush=True)
-            else:
-                summary = json.loads((study.ab_dir / run.name / "summary.json").read_text())
+            while True:
+                if to_redo(folder, redo_loaded):
+                    aside = set_aside(folder, "loaded")
+                    print(f"[{i}/{len(study.runs)}] {run.name}: the machine's load flagged it ({aside.name if aside else ''}): "
+                          "running it again", flush=True)
+                print(f"[{i}/{len(study.runs)}] {run.name}: running (log: {study.ab_dir / 'logs' / (run.name + '.log')})", flush=True)
+                outcome = execute(run, study.ab_dir, command)
+                if outcome.returncode != 0:
+                    failed.append(run.name)
+                    print(f"    failed with exit code {outcome.returncode} after {outcome.seconds:.0f} s", flush=True)
+                    break
+                summary = json.loads((folder / "summary.json").read_text())
                 print(f"    done in {outcome.seconds:.0f} s: GRPO {summary.get('grpo_wall_s', float('nan')):.1f} s, "
                       f"stop {summary.get('stop_reason')}, held-out {summary.get('heldout_success_before')} -> "
-                      f"{summary.get('heldout_success_after')}", flush=True)
+                      f"{summary.get('heldout_success_after')}" + (" (machine loaded)" if summary.get("machine_loaded") else ""),
+                      flush=True)
+                if not to_redo(folder, redo_loaded):
+                    break
             write_report(study.ab_dir)
     except KeyboardInterrupt:
         write_report(study.ab_dir)
@@ -160,6 +183,10 @@ def write_report(ab_dir: Path, baseline: str | None = None, keep_loaded_wall: bo
         raise ConfigError([f"baseline {baseline!r} is not one of the study's arms ({', '.join(arms)})"])
     records = [r for a in arms for s in seeds if (r := read_run(a, s, ab_dir / f"{a}-s{s}")) is not None]
     report = build_report(records, arms=arms, seeds=seeds, baseline=baseline, target=plan.get("target_heldout"), keep_loaded_wall=keep)
+    report["loaded_runs_set_aside"] = sorted(p.name for p in ab_dir.glob("*.loaded-*") if p.is_dir())
+    if report["loaded_runs_set_aside"]:
+        report["notes"].append("runs the machine's load flagged, set aside and run again (kept, not counted): "
+                               + ", ".join(report["loaded_runs_set_aside"]))
     report["plots"] = write_plots(ab_dir, {a: [r.curve for r in records if r.arm == a] for a in arms}, report)
     if not report["plots"]:
         report["notes"].append("no plots: matplotlib is not installed (pip install rollcut[plot])")

@@ -125,13 +125,29 @@ def check_resumable(study: Study) -> list[PlannedRun]:
     return todo
 
 
-def _set_aside(folder: Path) -> None:
-    """An unfinished run folder (crash, Ctrl-C) is kept for its events.jsonl but out of the way."""
-    if folder.exists():
-        n = 1
-        while folder.with_name(f"{folder.name}.unfinished-{n}").exists():
-            n += 1
-        folder.rename(folder.with_name(f"{folder.name}.unfinished-{n}"))
+def set_aside(folder: Path, why: str = "unfinished") -> Path | None:
+    """A run folder that does not count is kept for its events but out of the way, as `<name>.<why>-<n>`: an
+    unfinished one (crash, Ctrl-C), or a finished one the machine's load flagged and `--redo-loaded` runs again."""
+    if not folder.exists():
+        return None
+    n = 1
+    while folder.with_name(f"{folder.name}.{why}-{n}").exists():
+        n += 1
+    return folder.rename(folder.with_name(f"{folder.name}.{why}-{n}"))
+
+
+def set_aside_count(folder: Path, why: str) -> int:
+    return sum(1 for _ in folder.parent.glob(f"{folder.name}.{why}-*"))
+
+
+def to_redo(folder: Path, redo_loaded: int) -> bool:
+    """A finished run the machine's load flagged (`machine_loaded`: other processes took CPU from it) that has
+    been run fewer than `redo_loaded` times again: its wall clock, and under a wall budget what it learned,
+    are not the arm's. The rule reads the load alone, never a result."""
+    summary = folder / "summary.json"
+    if redo_loaded <= 0 or not summary.is_file():
+        return False
+    return json.loads(summary.read_text()).get("machine_loaded") is True and set_aside_count(folder, "loaded") < redo_loaded
 
 
 @dataclass(frozen=True)
@@ -147,7 +163,7 @@ def execute(run: PlannedRun, ab_dir: Path, command: Sequence[str]) -> RunOutcome
     (ab_dir / "logs").mkdir(exist_ok=True)
     config_path = ab_dir / "configs" / f"{run.name}.toml"
     config_path.write_text(run.config_toml)
-    _set_aside(ab_dir / run.name)
+    set_aside(ab_dir / run.name)
     started = time.perf_counter()
     with (ab_dir / "logs" / f"{run.name}.log").open("w") as log_file:
         proc = subprocess.Popen([*command, "--config", str(config_path)], stdout=log_file, stderr=subprocess.STDOUT)

@@ -179,3 +179,37 @@ def test_a_seed_the_load_flagged_runs_again_at_most_twice_and_the_result_names_i
     assert [Path(f).name for f in result["loaded_runs_set_aside"]["101"]] == ["verdict-v-s101.loaded-1", "verdict-v-s101.loaded-2"]
     assert result["per_seed"]["101"]["machine_loaded"] is True  # kept after REDO_LOADED reruns, and named
     assert "verdict-v-s100.loaded-1" in path.with_suffix(".result.md").read_text()
+
+
+AB_VERDICT = """kind = "ab"
+config = "default"
+set = ["eval.tasks=4"]
+seeds = [100, 101, 102, 103, 104]
+arms = ["async-grpo", "gate-stall"]
+budget = "tiny"
+target_heldout = 0.3
+eval_every = 2
+figure = "time to target"
+goal = "gate-stall <= 0.8x"
+"""
+
+
+def test_an_ab_verdict_passes_its_target_rule_and_redoes_loaded_runs(learn_seeds, tmp_path: Path, monkeypatch) -> None:
+    path = _verdict(tmp_path, AB_VERDICT)
+    commands = []
+
+    def fake_run(command, cwd=None, **kwargs):
+        if not str(command[1]).endswith("run.py"):
+            return subprocess.CompletedProcess(command, 0, stdout="", stderr="")
+        commands.append(command)
+        return subprocess.CompletedProcess(command, 1)  # no report: the result says so
+
+    monkeypatch.setattr(learn_seeds.subprocess, "run", fake_run)
+    monkeypatch.setattr(learn_seeds, "declared_commit", lambda p: "c" * 40)
+    learn_seeds.run_verdict(path)
+    (command,) = commands
+    assert command[2] == "ab"
+    joined = " ".join(command)
+    assert "--target-heldout 0.3" in joined and "--eval-every 2" in joined
+    assert f"--redo-loaded {learn_seeds.REDO_LOADED}" in joined and "--seeds 100,101,102,103,104" in joined
+    assert "wrote no report" in path.with_suffix(".result.md").read_text()

@@ -23,6 +23,14 @@ def test_a_bad_verdict_lists_every_problem(tmp_path):
     for fragment in ("a verdict reads the test range", "each once", "new ones, >= 100", "figure is empty",
                      "sets run.seed itself", "sets eval.range itself", "needs arms", "needs a budget"):
         assert fragment in text, fragment
+    path.write_text('kind = "seeds"\nseeds = [100]\nfigure = "f"\ngoal = "g"\ntarget_heldout = 0.4\n')
+    with pytest.raises(ConfigError, match="are for kind = 'ab'"):
+        load_verdict(path)
+    path.write_text('kind = "ab"\nseeds = [100]\nfigure = "f"\ngoal = "g"\narms = ["a", "b"]\nbudget = "tiny"\n'
+                    'target_heldout = 1.5\neval_every = 0\n')
+    with pytest.raises(ConfigError) as info:
+        load_verdict(path)
+    assert "a held-out success in (0, 1]" in str(info.value) and "eval_every: >= 1" in str(info.value)
 
 
 def test_the_issue_35_verdicts_load_read_test_and_write_beside_themselves():

@@ -26,11 +26,14 @@ FAKE_RUN = textwrap.dedent('''
     if name in os.environ.get("AB_FAIL", "").split(","):
         sys.exit(3)
     fast = 0.5 if cfg["gate"]["enabled"] else 1.0
+    loaded = dict(item.split(":") for item in os.environ.get("AB_LOADED", "").split(",") if item)  # name: times
+    times = Path(os.environ["AB_ORDER_LOG"]).read_text().split().count(name)
     rows = [{"iteration": 1, "wall_s": 5.0, "heldout/mean": 0.5, "heldout/seen": 0.5, "heldout/unseen": 0.5}]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in rows))
     (folder / "summary.json").write_text(json.dumps({
         "stop_reason": "updates", "grpo_wall_s": 10.0 * (1 + seed) * fast, "wall_s": 20.0, "env_steps": 100,
         "groups_cut": 0, "groups_trained": 8, "heldout_success_before": 0.25, "heldout_success_after": 0.5,
+        "machine_loaded": times <= int(loaded.get(name, 0)), "load_1m_mean": 3.0, "cores_available": 2,
         "heldout_before": {"heldout_seen": 0.25, "heldout_unseen": 0.25},
         "heldout_after": {"heldout_seen": 0.5, "heldout_unseen": 0.5}}))
 ''')
@@ -93,6 +96,30 @@ def test_an_unfinished_run_is_set_aside_and_rerun_alone(study):
     assert ran() == ["gated-s1"]
     assert (ab_dir / "gated-s1.unfinished-1" / "config.toml").exists()
     assert (ab_dir / "gated-s1" / "summary.json").exists()
+
+
+def test_a_run_the_load_flagged_is_redone_at_most_n_times_and_set_aside(study, monkeypatch, capsys):
+    run, ran, ab_dir = study
+    monkeypatch.setenv("AB_LOADED", "plain-s0:1,gated-s1:5")  # plain-s0 loaded once; gated-s1 every time
+    assert run("--redo-loaded", "2") == 0
+    assert ran() == ["plain-s0", "plain-s0", "gated-s0", "plain-s1", "gated-s1", "gated-s1", "gated-s1"]
+    assert sorted(p.name for p in ab_dir.glob("*.loaded-*")) == ["gated-s1.loaded-1", "gated-s1.loaded-2", "plain-s0.loaded-1"]
+    report = json.loads((ab_dir / "report.json").read_text())
+    assert report["loaded_runs_set_aside"] == ["gated-s1.loaded-1", "gated-s1.loaded-2", "plain-s0.loaded-1"]
+    assert report["loaded_runs"] == [{"arm": "gated", "seed": 1}]  # still loaded after two reruns: kept, flagged
+    assert "running it again" in capsys.readouterr().out
+    assert run("--redo-loaded", "2") == 0
+    assert ran() == []  # resuming redoes nothing more
+
+
+def test_without_redo_a_loaded_run_is_kept(study, monkeypatch):
+    run, ran, ab_dir = study
+    monkeypatch.setenv("AB_LOADED", "plain-s0:1")
+    assert run() == 0
+    assert ran() == ["plain-s0", "gated-s0", "plain-s1", "gated-s1"]
+    assert not list(ab_dir.glob("*.loaded-*"))
+    assert run("--redo-loaded", "1") == 0  # asked later: the study redoes it on resuming
+    assert ran() == ["plain-s0"]
 
 
 def test_a_failed_run_does_not_stop_the_others(study, monkeypatch):
