@@ -56,7 +56,8 @@ METRICS: dict[str, tuple[tuple[str, ...], ...]] = {
     "heldout_unseen_after": (("heldout_after", "heldout_unseen"),),
 }
 RATIOS = {"wall_ratio": "wall_s", "env_steps_ratio": "env_steps", "generated_tokens_ratio": "generated_tokens",
-          "time_to_target_ratio": "time_to_target_s"}
+          "time_to_target_ratio": "time_to_target_s", "env_steps_to_target_ratio": "env_steps_to_target",
+          "tokens_to_target_ratio": "tokens_to_target"}
 DIFFERENCES = {"heldout_after_delta": "heldout_success_after", "heldout_seen_after_delta": "heldout_seen_after",
                "heldout_unseen_after_delta": "heldout_unseen_after"}
 
@@ -70,6 +71,9 @@ class CurvePoint:
     periodic: bool = False
     """A measure during GRPO (`eval.every`, on `eval.curve_range`, stamped when its weights were published);
     else the before (t = 0) or after measure (on `eval.range`)."""
+    env_steps: float | None = None
+    tokens: float | None = None
+    """The GRPO phase's env steps and generated tokens when the measured weights were published."""
 
 
 @dataclass(frozen=True)
@@ -95,15 +99,19 @@ def _lookup(data: Mapping[str, Any], paths: tuple[tuple[str, ...], ...]) -> floa
 
 def curve_from(summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> tuple[tuple[CurvePoint, ...], bool]:
     """Held-out points from metrics.jsonl rows (`heldout/mean` with `wall_s`), framed by before and after."""
-    def point(t: float | None, mean: float | None, seen: float | None, unseen: float | None, periodic: bool = False) -> list[CurvePoint]:
-        return [CurvePoint(t, mean, seen, unseen, periodic)] if t is not None and mean is not None else []
+    def point(t: float | None, mean: float | None, seen: float | None, unseen: float | None, periodic: bool = False,
+              env_steps: float | None = None, tokens: float | None = None) -> list[CurvePoint]:
+        return [CurvePoint(t, mean, seen, unseen, periodic, env_steps, tokens)] if t is not None and mean is not None else []
 
     periodic = [p for r in rows
                 for p in point(_lookup(r, (("wall_s",),)), _lookup(r, (("heldout/mean",),)),
-                               _lookup(r, (("heldout/seen",),)), _lookup(r, (("heldout/unseen",),)), True)]
-    before = point(0.0, *(_lookup(summary, METRICS[k]) for k in ("heldout_success_before", "heldout_seen_before", "heldout_unseen_before")))
+                               _lookup(r, (("heldout/seen",),)), _lookup(r, (("heldout/unseen",),)), True,
+                               _lookup(r, (("env_steps",),)), _lookup(r, (("generated_tokens",),)))]
+    before = point(0.0, *(_lookup(summary, METRICS[k]) for k in ("heldout_success_before", "heldout_seen_before", "heldout_unseen_before")),
+                   env_steps=0.0, tokens=0.0)
     after = point(_lookup(summary, METRICS["wall_s"]),
-                  *(_lookup(summary, METRICS[k]) for k in ("heldout_success_after", "heldout_seen_after", "heldout_unseen_after")))
+                  *(_lookup(summary, METRICS[k]) for k in ("heldout_success_after", "heldout_seen_after", "heldout_unseen_after")),
+                  env_steps=_lookup(summary, METRICS["env_steps"]), tokens=_lookup(summary, METRICS["generated_tokens"]))
     return tuple(before + sorted(periodic, key=lambda p: p.wall_s) + after), bool(periodic)
 
 
@@ -124,9 +132,11 @@ def run_figures(record: RunRecord, target: float | None, keep_loaded_wall: bool 
     figures = {key: _lookup(record.summary, paths) for key, paths in METRICS.items()}
     figures["machine_loaded"] = loaded_flag(record.summary)
     if target is not None:
-        reached = time_to_target(record.curve, target, figures["wall_s"])
+        reached = time_to_target(record.curve, target, figures["wall_s"], figures["env_steps"], figures["generated_tokens"])
         figures["time_to_target_s"] = reached.seconds if reached is not None else None
         figures["target_reached"] = float(reached.reached) if reached is not None else None
+        figures["env_steps_to_target"] = reached.env_steps if reached is not None else None
+        figures["tokens_to_target"] = reached.tokens if reached is not None else None
     if figures["machine_loaded"] and not keep_loaded_wall:
         figures |= {key: None for key in WALL_KEYS if key in figures}
     return figures

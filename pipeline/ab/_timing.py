@@ -30,6 +30,8 @@ class Measured(Protocol):
     wall_s: float
     mean: float
     periodic: bool
+    env_steps: float | None
+    tokens: float | None
 
 
 @dataclass(frozen=True)
@@ -37,15 +39,21 @@ class TimeToTarget:
     seconds: float
     reached: bool
     """False: the run never reached the target, `seconds` is its budget (censored)."""
+    env_steps: float | None = None
+    tokens: float | None = None
+    """Env steps and generated tokens of the GRPO phase when those weights were published (censored: the
+    run's totals); None where the run did not record them."""
 
 
-def time_to_target(curve: Sequence[Measured], target: float, budget_s: float | None) -> TimeToTarget | None:
-    """The publish time of the first periodic measure at or above `target`; else censored at `budget_s` (the
-    GRPO wall clock the run had); None when it never reached the target and its budget is unknown."""
-    reached = next((p.wall_s for p in curve if p.periodic and p.mean >= target), None)
+def time_to_target(curve: Sequence[Measured], target: float, budget_s: float | None,
+                   budget_env_steps: float | None = None, budget_tokens: float | None = None) -> TimeToTarget | None:
+    """The publish time (and env steps, tokens) of the first periodic measure at or above `target`; else
+    censored at the run's budget (the GRPO wall clock, env steps and tokens it had); None when it never
+    reached the target and its budget is unknown."""
+    reached = next((p for p in curve if p.periodic and p.mean >= target), None)
     if reached is not None:
-        return TimeToTarget(reached, True)
-    return TimeToTarget(budget_s, False) if budget_s is not None else None
+        return TimeToTarget(reached.wall_s, True, reached.env_steps, reached.tokens)
+    return TimeToTarget(budget_s, False, budget_env_steps, budget_tokens) if budget_s is not None else None
 
 
 def loaded_flag(summary: Mapping[str, Any]) -> float | None:

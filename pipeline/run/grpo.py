@@ -173,7 +173,8 @@ def _build(
         max_error_rate=cfg.rollout.max_error_rate, min_trajectories=cfg.rollout.min_trajectories_for_error_rate,
         on_trajectory_end=lifecycle.trajectory_finished, events=events.clone(),
     )
-    phase = Phase(cfg, counters, slots, pacer, lifecycle, rollout, allocator, policy, stages.gate, dropped_frames)
+    phase = Phase(cfg, counters, slots, pacer, lifecycle, rollout, allocator, policy, stages.gate, dropped_frames,
+                  tokens_at_start=getattr(policy.statistics(), "generated_tokens", None))
     if restore is not None:
         phase.version = stages.learner.version = resume.restore_counters(
             restore, counters=counters, admission=lifecycle.admission, rollout=rollout, gate=stages.gate)

@@ -37,11 +37,12 @@ class PeriodicHeldout:
         self._idle = trio.Event()
         self._idle.set()
 
-    def published(self, version: int, state: Mapping[str, Any], *, wall_s: float, env_steps: int) -> None:
-        """The learner published `version` at GRPO wall second `wall_s`, after `env_steps` env steps: keep its
-        weights and that stamp if a measure is due for it."""
+    def published(self, version: int, state: Mapping[str, Any], *, wall_s: float, env_steps: int,
+                  generated_tokens: int | None = None) -> None:
+        """The learner published `version` at GRPO wall second `wall_s`, after `env_steps` env steps and
+        `generated_tokens` generated tokens: keep its weights and that stamp if a measure is due for it."""
         if self.evaluate is not None and self.every and version % self.every == 0 and version < self.last_update:
-            self._due[version] = _Due(state, wall_s, env_steps)  # a detached copy: the trainer goes on with its own tensors
+            self._due[version] = _Due(state, wall_s, env_steps, generated_tokens)  # a detached copy: the trainer goes on with its own tensors
 
     def start_if_due(self, version: int, nursery: trio.Nursery) -> None:
         if version in self._due:
@@ -61,6 +62,8 @@ class PeriodicHeldout:
             spent = trio.current_time() - t0
             row = {"iteration": version, "wall_s": due.wall_s, "env_steps": due.env_steps, "eval_s": spent,
                    "heldout_range": self.range_name}
+            if due.generated_tokens is not None:
+                row["generated_tokens"] = due.generated_tokens
             row |= {f"heldout/{k}": v for k, v in scores.items()}
             self.on_row(row, spent)
             self.metrics.write(row)
@@ -77,8 +80,9 @@ class PeriodicHeldout:
 
 @dataclass(frozen=True, slots=True)
 class _Due:
-    """A version's weights kept for its measure, with the wall clock and env steps of its publication."""
+    """A version's weights kept for its measure, with the wall clock, env steps and tokens of its publication."""
 
     state: Mapping[str, Any]
     wall_s: float
     env_steps: int
+    generated_tokens: int | None = None

@@ -48,9 +48,16 @@ class Phase:
     version: int = 0
     started: float = 0.0
     done: trio.Event = field(default_factory=trio.Event)
+    tokens_at_start: int | None = None
+    """The policy's generated tokens when the phase began (None: the backend does not count them)."""
 
     def wall_s(self) -> float:
         return trio.current_time() - self.started + self.counters.resumed_wall_s
+
+    def generated_tokens(self) -> int | None:
+        """Tokens the policy generated in this phase so far (since a resume: in this process)."""
+        now = getattr(self.policy.statistics(), "generated_tokens", None)
+        return now - self.tokens_at_start if now is not None and self.tokens_at_start is not None else None
 
 
 class UpdateRecorder:
@@ -78,7 +85,8 @@ class UpdateRecorder:
         phase = self.phase
         with self.profiler.span("learner", "weight_publish"):
             phase.policy.load_weights(report.version, report.weights)
-        self.heldout.published(report.version, report.weights, wall_s=phase.wall_s(), env_steps=phase.rollout.env_steps)
+        self.heldout.published(report.version, report.weights, wall_s=phase.wall_s(), env_steps=phase.rollout.env_steps,
+                               generated_tokens=phase.generated_tokens())
         phase.version = report.version
         phase.counters.learner_updated(report)
         phase.lifecycle.learner_updated(report.version, report.groups_trained)

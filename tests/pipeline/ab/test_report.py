@@ -28,8 +28,8 @@ def test_curve_is_before_then_periodic_rows_then_after():
     assert [(p.wall_s, p.mean) for p in curve] == [(0.0, 0.3), (10.0, 0.4), (20.0, 0.6), (30.0, 0.7)]
     assert (curve[0].seen, curve[0].unseen) == (0.2, 0.4)
     assert [p.periodic for p in curve] == [False, True, True, False]
-    assert time_to_target(curve, 0.55, 30.0) == TimeToTarget(20.0, True)
-    assert time_to_target(curve, 0.65, 30.0) == TimeToTarget(30.0, False)  # the after measure (another range) does not count
+    assert time_to_target(curve, 0.55, 30.0) == TimeToTarget(20.0, True)  # these rows carry no env steps or tokens
+    assert time_to_target(curve, 0.65, 30.0, 300.0, 900.0) == TimeToTarget(30.0, False, 300.0, 900.0)  # the after measure (another range) does not count
     assert time_to_target(curve, 0.9, None) is None
     assert curve_from(_summary(30.0), [])[1] is False
 
@@ -84,6 +84,26 @@ def test_target_rule_compares_time_to_reach_it():
     assert not any("stopped by" in n for n in report["notes"])
     text = report_markdown(report, "study")
     assert "Time to held-out success ≥ 55%" in text and "| x | 10.0 | 1/1 | 0 | 0.250 [0.250, 0.250] (n=1, range) |" in text
+
+
+def test_env_steps_and_tokens_to_target_are_those_of_the_publication_and_censored_at_the_totals():
+    # Seed 0 of `x` reached the target with weights published after 200 env steps and 1,000 tokens; seed 1 never
+    # did: it counts at its totals (summary env_steps = 10 x wall, generated_tokens), as its time counts at its budget.
+    base = [_record("base", s, _summary(100.0, generated_tokens=4000), [{"wall_s": 40.0, "heldout/mean": 0.6,
+                                                                          "env_steps": 400, "generated_tokens": 2000}])
+            for s in (0, 1)]
+    x = [_record("x", 0, _summary(50.0, generated_tokens=3000), [{"wall_s": 10.0, "heldout/mean": 0.6,
+                                                                   "env_steps": 200, "generated_tokens": 1000}]),
+         _record("x", 1, _summary(60.0, generated_tokens=5000), [{"wall_s": 30.0, "heldout/mean": 0.5,
+                                                                   "env_steps": 300, "generated_tokens": 2500}])]
+    report = build_report(base + x, arms=["base", "x"], seeds=[0, 1], baseline="base", target=0.55, resamples=100)
+    per_seed = report["arms"]["x"]["per_seed"]
+    assert (per_seed["0"]["env_steps_to_target"], per_seed["0"]["tokens_to_target"]) == (200, 1000)
+    assert (per_seed["1"]["env_steps_to_target"], per_seed["1"]["tokens_to_target"]) == (600.0, 5000)  # censored
+    comparisons = report["comparisons"]["x"]
+    assert comparisons["env_steps_to_target_ratio"]["estimate"] == pytest.approx(400.0 / 400.0)
+    assert comparisons["tokens_to_target_ratio"]["estimate"] == pytest.approx(3000.0 / 2000.0)
+    assert "| 400 | 1.000 [0.500, 1.500] (n=2, range) | 3000 | 1.500 [0.500, 2.500] (n=2, range) |" in report_markdown(report, "s")
 
 
 def test_markdown_says_n_a_for_absent_figures():

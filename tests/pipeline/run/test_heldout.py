@@ -53,9 +53,11 @@ async def test_a_row_is_stamped_when_its_weights_were_published_not_when_its_mea
     async with trio.open_nursery() as nursery:
         for version in (2, 4):
             await trio.sleep(4.0)
-            heldout.published(version, {}, wall_s=trio.current_time() - start, env_steps=100 * version)
+            heldout.published(version, {}, wall_s=trio.current_time() - start, env_steps=100 * version,
+                              generated_tokens=None if version == 2 else 3000)
             heldout.start_if_due(version, nursery)
     rows = {r["iteration"]: r for r in metrics.rows}
-    assert (rows[4]["wall_s"], rows[4]["env_steps"]) == (8.0, 400)
+    assert (rows[4]["wall_s"], rows[4]["env_steps"], rows[4]["generated_tokens"]) == (8.0, 400, 3000)
+    assert "generated_tokens" not in rows[2]  # a backend that does not count tokens: no key, not a guess
     assert trio.current_time() - start == 24.0  # both measures finished long after version 4 was published
     assert rows[2]["heldout_range"] == rows[4]["heldout_range"] == "valid"
