@@ -109,7 +109,7 @@ def _record(result: GroupResult, events: list, seed: int) -> RecordedGroup:
 
 def _weights_key(policy) -> str:
     digest = hashlib.sha256()
-    for name, tensor in sorted(policy.model.state_dict().items()):
+    for name, tensor in sorted(policy.trainable().state_dict().items()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().numpy().tobytes())
     return digest.hexdigest()[:12]
@@ -134,7 +134,7 @@ def collect(overrides: Sequence[str], seed: int, n_groups: int, fresh: bool, con
     torch.set_num_threads(cfg.run.torch_threads)  # as run_job: one intra-op thread unless configured
     suite = build_suite(cfg)
     key = _served_key(cfg)
-    policy = build_policy(cfg, suite) if key is None else None
+    policy = build_policy(cfg, suite, workers=1) if key is None else None  # in this process, whatever policy.workers says
     if weights is not None:
         if policy is None:
             raise SystemExit("--weights is for the embedded policy (a served model's weights are its folder)")
@@ -145,7 +145,7 @@ def collect(overrides: Sequence[str], seed: int, n_groups: int, fresh: bool, con
     if path.exists() and not fresh:
         print(f"  seed {seed}: cached {path}", file=sys.stderr)
         return msgspec.msgpack.decode(path.read_bytes(), type=list[RecordedGroup])
-    policy = policy or build_policy(cfg, suite)
+    policy = policy or build_policy(cfg, suite, workers=1)
     pool = list(suite.tasks("train"))
     pool = pool[: cfg.env.train_tasks] if cfg.env.train_tasks else pool
     tasks = random.Random(seed).sample(pool, n_groups)
