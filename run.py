@@ -106,7 +106,7 @@ def _train(cfg, resume_dir: Path | None) -> int:  # noqa: ANN001
         print(f"\nrun.py: {leaf}", file=sys.stderr)
         return 130 if isinstance(leaf, RunInterrupted) else 1
     print(f"\nrun folder: {result.run_dir}\n")
-    print((result.run_dir / "summary.md").read_text())
+    print(result.summary_md)
     return 0
 
 
@@ -118,6 +118,9 @@ async def _with_signals(cfg, resume_dir: Path | None):  # noqa: ANN001, ANN202
     import trio
 
     from pipeline.run.job import run_job
+
+    if cfg.placement.launcher == "ray" and cfg.placement.coordinator is not None:
+        from pipeline.run.ray_coordinator import run_job_on_ray as run_job  # this process only waits on the job's actor
 
     stop = trio.Event()
 

@@ -4,7 +4,8 @@ With `launcher = "ray"` the run (this process: the coordinator) connects to a Ra
 worker (`policy.workers` of them) is an actor placed by Ray with the resources of `[placement.decoder]`, spread
 over the nodes by `decoder_strategy`; with `transport.mode = "processes"` too, the gate and learner stages are
 actors as well, packed together with the resources of `[placement.stages]` each (threads mode keeps them in
-the coordinator). See docs/ray.md.
+the coordinator). With `[placement.coordinator]` set, the coordinator itself is an actor too (the process you
+started only waits on it). See docs/ray.md.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ class PlacementSection(_Section):
     stages: RoleResources = RoleResources()
     """The gate and learner actors (`transport.mode = "processes"`), each: e.g. `resources = {head = 1}` for the
     head node, `num_gpus = 1` for a learner on a GPU node (`learner.device`)."""
+    coordinator: RoleResources | None = None
+    """The coordinator as a Ray actor of its own with these resources, e.g. `{num_cpus = 1, resources = {head = 1}}`
+    (`pipeline/run/ray_coordinator.py`); unset: the coordinator is the process you started."""
     decoder_strategy: str = "SPREAD"
     """The decoders' placement group strategy: SPREAD over the nodes (the default), PACK, STRICT_SPREAD, STRICT_PACK."""
     listen: str = ""
@@ -69,6 +73,10 @@ class PlacementSection(_Section):
              f"placement.decoder_strategy must be one of {', '.join(STRATEGIES)}, got {self.decoder_strategy!r}"),
             (self.ready_timeout_s > 0, "placement.ready_timeout_s must be > 0"),
         ) + self.decoder.problems("placement.decoder") + self.stages.problems("placement.stages")
+        if self.coordinator is not None:
+            problems += self.coordinator.problems("placement.coordinator")
+            if self.launcher != "ray":
+                problems.append("placement.coordinator places the coordinator on Ray: it needs placement.launcher = \"ray\"")
         if self.launcher == "ray" and importlib.util.find_spec("ray") is None:
             problems.append("placement.launcher = \"ray\" needs Ray: pip install -e '.[ray]'")
         return problems

@@ -110,6 +110,10 @@ class JobResult:
     summary: dict[str, Any]
     outcome: GrpoOutcome
 
+    @property
+    def summary_md(self) -> str:
+        return (self.run_dir / "summary.md").read_text()
+
 
 class RunInterrupted(Exception):
     """Ctrl-C / SIGTERM stopped the run; `version` is the update its checkpoint holds (None: none yet)."""
@@ -274,7 +278,7 @@ async def _finish(
     wall_s = parts.checkpointer.job["job_wall_s"] + outcome.wall_s + (time.perf_counter() - grpo_ended)
     figures = summary(cfg, outcome, before, after, warm_start_s, wall_s,
                       profiler_overhead_pct=overhead["overhead_pct"] if overhead else None, generated_tokens=generated,
-                      machine_load=parts.machine_load)
+                      machine_load=parts.machine_load) | {"decoding_workers": getattr(policy, "workers", 1)}
     if outcome.counters.evaluations:
         write_learning_curve(
             run_dir / "learning_curve.png",

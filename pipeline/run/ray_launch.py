@@ -64,6 +64,9 @@ STOP_GRACE_S = 5.0
 """How long a stopped actor gets to leave its loop before `ray.kill` (a child process gets the same)."""
 HEALTH_EVERY_S = 5.0
 HEALTH_TIMEOUT_S = 30.0
+GROUP_PREFIX_ENV = "ROLLCUT_GROUP_PREFIX"
+"""Set in a coordinator actor's environment: the names of the placement groups it makes start with it, so that
+the driver can remove them if the actor dies (a group outlives the actor that made it, not its job)."""
 """An actor that does not answer a health ping for this long fails the run (a hung node, a partition)."""
 
 
@@ -103,13 +106,13 @@ def init_options(placement: PlacementSection) -> dict[str, Any]:
     """`ray.init` keywords for `placement` (usage statistics off unless the environment says otherwise)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     options: dict[str, Any] = {"address": placement.address or None, "namespace": placement.namespace,
-                               "runtime_env": {"env_vars": _import_path()}, "log_to_driver": True}
+                               "runtime_env": {"env_vars": actor_env()}, "log_to_driver": True}
     if not placement.address:
         options["include_dashboard"] = False  # a Ray of this run only: nothing to browse
     return options
 
 
-def _import_path() -> dict[str, str]:
+def actor_env() -> dict[str, str]:
     """The environment an actor needs to import rollcut (and plugins named `module:Class`) as this process does."""
     return {"PYTHONPATH": os.pathsep.join(dict.fromkeys([str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))}
 
@@ -185,11 +188,11 @@ class RayLauncher:
     async def _place(self, role: str, children: Sequence[Child], env: dict[str, str]) -> AsyncIterator[Placed]:
         p = self._placement
         resources, strategy = {"decoder": (p.decoder, p.decoder_strategy), "stage": (p.stages, "PACK")}[role]
-        bundle = _bundle(resources)
-        group = placement_group([bundle] * len(children), strategy=strategy)
+        bundle = bundle_of(resources)
+        group = placement_group([bundle] * len(children), strategy=strategy, name=group_name(role))
         actors: list[Any] = []
         try:
-            await _reserved(group, bundle, role, len(children), p.ready_timeout_s)
+            await reserve(group, bundle, role, len(children), p.ready_timeout_s)
             tag = secrets.token_hex(3)
             names = [f"rollcut-{role}-{index}-{tag}" if role == "decoder" else f"rollcut-{child.stage}-{tag}"
                      for index, child in enumerate(children)]
@@ -198,7 +201,7 @@ class RayLauncher:
                 actors.append(actor_class.options(
                     name=name, namespace=p.namespace, max_concurrency=4, max_restarts=0, **resources.options(),
                     scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index),
-                    runtime_env={"env_vars": _import_path() | env}).remote())
+                    runtime_env={"env_vars": actor_env() | env}).remote())
             found = [await resolved(actor.identity.remote()) for actor in actors]
             identities = [ActorIdentity(*fields, name=name) for fields, name in zip(found, names, strict=True)]
             here = ray.get_runtime_context().get_node_id()
@@ -218,7 +221,20 @@ class RayLauncher:
             remove_placement_group(group)
 
 
-def _bundle(resources: RoleResources) -> dict[str, float]:
+def group_name(role: str) -> str:
+    """A placement group's name: `<prefix>-<role>-<tag>` (prefix: the coordinator actor's, else "rollcut")."""
+    return f"{os.environ.get(GROUP_PREFIX_ENV, 'rollcut')}-{role}-{secrets.token_hex(3)}"
+
+
+def remove_groups(prefix: str) -> None:
+    """Remove every placement group whose name starts with `prefix-` that is not removed yet."""
+    for info in ray.util.placement_group_table().values():
+        if str(info.get("name", "")).startswith(f"{prefix}-") and info.get("state") != "REMOVED":
+            with contextlib.suppress(Exception):  # removed meanwhile
+                remove_placement_group(ray.util.get_placement_group(info["name"]))
+
+
+def bundle_of(resources: RoleResources) -> dict[str, float]:
     """What one actor of a role reserves, as a placement group bundle."""
     return {key: amount for key, amount in {"CPU": resources.num_cpus, "GPU": resources.num_gpus, **resources.resources}.items()
             if amount}
@@ -226,23 +242,27 @@ def _bundle(resources: RoleResources) -> dict[str, float]:
 
 def auto_decoders(cfg: RunConfig) -> int:
     """`policy.workers = "auto"` on Ray (joined): as many `[placement.decoder]` bundles as the cluster holds once
-    one CPU is left to the coordinator and, in processes mode, the gate's and the learner's `[placement.stages]`
-    bundles are taken out; at least 1."""
+    the coordinator's share (its `[placement.coordinator]` bundle when it is an actor, else one CPU) and, in
+    processes mode, the gate's and the learner's `[placement.stages]` bundles are taken out; at least 1."""
+    p = cfg.placement
     free = dict(ray.cluster_resources())
-    free["CPU"] = free.get("CPU", 0.0) - 1.0
+    taken = [bundle_of(p.coordinator) if p.coordinator is not None else {"CPU": 1.0}]
     if cfg.transport.mode == "processes":
-        for key, amount in _bundle(cfg.placement.stages).items():
-            free[key] = free.get(key, 0.0) - 2 * amount
-    fits = min(int(free.get(key, 0.0) // amount) for key, amount in _bundle(cfg.placement.decoder).items())
+        taken += [bundle_of(p.stages)] * 2
+    for bundle in taken:
+        for key, amount in bundle.items():
+            free[key] = free.get(key, 0.0) - amount
+    fits = min(int(free.get(key, 0.0) // amount) for key, amount in bundle_of(cfg.placement.decoder).items())
     log.info("ray.auto_workers", workers=max(1, fits), cluster=ray.cluster_resources())
     return max(1, fits)
 
 
-async def _reserved(group: Any, bundle: dict[str, float], role: str, count: int, timeout_s: float) -> None:
+async def reserve(group: Any, bundle: dict[str, float], role: str, count: int, timeout_s: float) -> None:
     with trio.move_on_after(timeout_s):
         await resolved(group.ready())
         return
-    remedy = "lower policy.workers or [placement.decoder]" if role == "decoder" else "lower [placement.stages]"
+    remedy = {"decoder": "lower policy.workers or [placement.decoder]", "stage": "lower [placement.stages]",
+              "coordinator": "lower [placement.coordinator]"}[role]
     raise StageFailed("policy" if role == "decoder" else "placement",
                       f"Ray could not reserve {count} {role} bundle(s) of {bundle} in {timeout_s:g} s "
                       f"(placement.ready_timeout_s); the cluster has {ray.cluster_resources()}, free now "
@@ -280,7 +300,7 @@ class _RayPlaced:
         run = actor.run.remote(msgspec.msgpack.encode(spec))
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_fail_on_exit, child, run, identity)
+                nursery.start_soon(_fail_on_exit, child, run, identity, nursery.cancel_scope)
                 nursery.start_soon(_ping, child, actor, identity)
                 await child.ready.wait()
                 task_status.started()
@@ -292,14 +312,19 @@ class _RayPlaced:
                 ray.kill(actor, no_restart=True)
 
 
-async def _fail_on_exit(child: Child, run: Any, identity: ActorIdentity) -> None:
+async def _fail_on_exit(child: Child, run: Any, identity: ActorIdentity, scope: trio.CancelScope) -> None:
+    """Fail the run when the actor's `run` ends; a child that may return ends its launch (`scope`) instead."""
     try:
         await resolved(run)
         what = "returned"
+        if child.may_return:
+            child.ended.set()
+            scope.cancel()
+            return
     except ray.exceptions.RayActorError as exc:
-        what = f"died: {_first_line(exc)}"
+        what = f"died: {first_line(exc)}"
     except ray.exceptions.RayTaskError as exc:
-        what = f"failed: {_first_line(exc.cause if exc.cause is not None else exc)}"
+        what = f"failed: {first_line(exc.cause if exc.cause is not None else exc)}"
     child.ended.set()
     raise ChildExited(child.stage, f"{child.what} ({identity.where()}) {what}")
 
@@ -316,7 +341,7 @@ async def _ping(child: Child, actor: Any, identity: ActorIdentity) -> None:
                                            f"in {HEALTH_TIMEOUT_S:g} s")
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     """`Type: first line` of what failed (inside nurseries' exception groups, the first leaf)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
