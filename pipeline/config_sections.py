@@ -305,3 +305,7 @@ class StageSpec(_Section):
     target: str
     """A registered stage name or `module:Class`."""
     options: dict[str, Any] = {}
+    process: bool = False
+    """Run this stage in a process of its own (`transport.mode = "processes"`; on Ray an actor of its own with
+    `[placement.stages]` resources): a slow or crashing plugin cannot stall the coordinator's loop. It sees the
+    run through `ctx.subscribe()` as every stage does; what it keeps in memory is its process's."""

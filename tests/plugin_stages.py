@@ -1,5 +1,8 @@
 """User-style stage plugins loaded by `module:Class` in integration tests."""
 
+import json
+import os
+
 import msgspec
 import trio
 
@@ -34,6 +37,25 @@ class Recorder:
                     Recorder.seen.append(message.version)
                 if isinstance(message, PhaseFinished):
                     Recorder.seen.append("finished")
+                    return
+
+
+class SeenToFile:
+    """Writes what it saw (the versions published, whether PhaseFinished came, its pid) to `seen.json` in the run
+    folder: a stage in a process of its own (`process = true`) keeps nothing in the test's memory."""
+
+    name = "seen_to_file"
+
+    async def run(self, ctx, *, task_status=trio.TASK_STATUS_IGNORED):
+        versions = []
+        async with ctx.subscribe() as events:
+            task_status.started()
+            async for message in events:
+                if isinstance(message, WeightsPublished):
+                    versions.append(message.version)
+                if isinstance(message, PhaseFinished):
+                    seen = {"pid": os.getpid(), "versions": versions, "updates": message.updates}
+                    (ctx.run_dir / "seen.json").write_text(json.dumps(seen))
                     return
 
 

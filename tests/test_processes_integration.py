@@ -150,3 +150,34 @@ def test_stage_processes_exit_when_the_run_process_dies(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+CUSTOM_IN_A_PROCESS = 'stages=[{target = "tests.plugin_stages:SeenToFile", process = true}]'
+
+
+@pytest.mark.slow
+async def test_a_custom_stage_in_a_process_of_its_own_reads_the_events_to_the_end(tmp_path):
+    from pipeline.progress import Progress
+    from pipeline.run.checks import load
+    from pipeline.run.job import run_job
+
+    cfg = load(None, _tiny(tmp_path, "transport.mode=processes", "gate.k=4", "run.updates=3", CUSTOM_IN_A_PROCESS))
+    result = await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
+    seen = json.loads((result.run_dir / "seen.json").read_text())
+    assert seen["pid"] != os.getpid()  # it ran in a child, built there from the config
+    assert seen["versions"] == [1, 2, 3] and seen["updates"] == 3  # every version, then PhaseFinished
+    assert result.summary["learner_updates"] == 3 and result.summary["dropped_frames_total"] == 0
+    assert _alive([seen["pid"]]) == []
+
+
+@pytest.mark.slow
+async def test_a_custom_stage_process_that_raises_stops_the_run_naming_it(tmp_path):
+    from pipeline.progress import Progress
+    from pipeline.run.checks import load
+    from pipeline.run.job import RunFailed, run_job
+
+    explodes = 'stages=[{target = "tests.plugin_stages:Explodes", process = true}]'
+    cfg = load(None, _tiny(tmp_path, "transport.mode=processes", "gate.k=4", "run.updates=5", explodes))
+    with pytest.raises(RunFailed) as failed:
+        await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
+    assert "stage 'custom-0': its process (tests.plugin_stages:Explodes) exited with code 1" in str(failed.value)

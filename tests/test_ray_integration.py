@@ -7,15 +7,20 @@ machine's IP (so placement is checked by node id). This process is the coordinat
 * a run reaches its updates with the counts of a local run, and leaves no actor or placement group;
 * a decoder killed mid-run stops the run with one message naming it and its node, the checkpoint of the
   last update is kept, and the resumed run reaches the configured updates with every update counted once;
-* with `transport.mode = "processes"` the gate and learner stages are actors on the head (its custom
-  resource), each binding its own socket on an ephemeral port with its own keys; a stranger's connection to
-  the gate's steps socket is refused and counted, and the run reaches its updates with the same counts; a
-  killed learner actor stops the run naming it and its node, and the run resumes exactly.
+* with `transport.mode = "processes"` the gate and learner stages (and a custom stage with `process = true`)
+  are actors on the head (its custom resource), each binding its own socket on an ephemeral port with its own
+  keys; a stranger's connection to the gate's steps socket is refused and counted, the custom stage reads
+  every event, and the run reaches its updates with the same counts; a
+  killed learner actor stops the run naming it and its node, and the run resumes exactly;
+* with `[placement.coordinator]` the whole job runs in a coordinator actor on the head: it reaches its
+  updates, the driver's interrupt stops it with a checkpoint and the run resumes exactly in a new coordinator
+  actor; a killed coordinator fails the run naming it and its node, and its decoders end with it.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import re
 import time
@@ -28,13 +33,14 @@ from pipeline.progress import Progress
 from pipeline.run import placement
 from pipeline.run.build import build_policy, build_suite
 from pipeline.run.checks import load
-from pipeline.run.job import RunFailed, run_job
+from pipeline.run.job import RunFailed, RunInterrupted, run_job
 from stages.policy.base import AgentContext
 from tests.test_resume_integration import _metrics
 from tests.test_run_integration import _tiny
 
 ray = pytest.importorskip("ray")
 ray_launch = pytest.importorskip("pipeline.run.ray_launch")
+ray_coordinator = pytest.importorskip("pipeline.run.ray_coordinator")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -113,9 +119,10 @@ async def test_decoders_spread_over_the_worker_nodes_and_a_stranger_is_refused(c
     assert await _nothing_left() == ([], [])
 
 
-def test_the_actor_is_threaded_so_stop_and_health_reach_a_running_child():
-    """An `async def` method would make Ray run `ChildActor` as an asyncio actor: `run` would block its loop."""
-    assert not [name for name, member in vars(ray_launch.ChildActor).items() if inspect.iscoroutinefunction(member)]
+def test_the_actors_are_threaded_so_stop_and_health_reach_a_running_child():
+    """An `async def` method would make Ray run the actor as an asyncio actor: `run` would block its loop."""
+    for actor in (ray_launch.ChildActor, ray_coordinator.Coordinator):
+        assert not [name for name, member in vars(actor).items() if inspect.iscoroutinefunction(member)], actor
 
 
 async def test_a_run_on_ray_reaches_its_updates_and_leaves_nothing_behind(cluster, tmp_path):
@@ -160,7 +167,7 @@ async def test_a_killed_decoder_stops_the_run_by_name_and_the_run_resumes_exactl
 STAGES_ON_HEAD = ['transport.mode="processes"', "placement.stages={num_cpus = 0, resources = {head = 0.5}}"]
 
 
-async def test_gate_and_learner_actors_on_the_head_refuse_a_stranger_and_the_run_reaches_its_updates(cluster, tmp_path, monkeypatch):
+async def test_gate_learner_and_custom_actors_on_the_head_refuse_a_stranger_and_the_run_reaches_its_updates(cluster, tmp_path, monkeypatch):
     head, workers = cluster
     seen: dict[str, tuple[str, str]] = {}
     strangers: list[zmq.Socket] = []
@@ -183,7 +190,10 @@ async def test_gate_and_learner_actors_on_the_head_refuse_a_stranger_and_the_run
 
     spy(placement.GateChild, "gate")
     spy(placement.LearnerChild, "learner")
-    cfg = load(None, _tiny(tmp_path, *ON_RAY, *STAGES_ON_HEAD, "run.updates=3"))
+    spy(placement.CustomChild, "custom")
+    three_on_head = ['transport.mode="processes"', "placement.stages={num_cpus = 0, resources = {head = 0.25}}",
+                     'stages=[{target = "tests.plugin_stages:SeenToFile", process = true}]']
+    cfg = load(None, _tiny(tmp_path, *ON_RAY, *three_on_head, "run.updates=3"))
     try:
         result = await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
     finally:
@@ -192,9 +202,11 @@ async def test_gate_and_learner_actors_on_the_head_refuse_a_stranger_and_the_run
         stranger.term()
     summary, rows = result.summary, _metrics(result.run_dir)
     ip = ray.util.get_node_ip_address()
-    assert {name: node for name, (node, _) in seen.items()} == {"gate": head, "learner": head}
-    for _, address in seen.values():  # each bound by the actor itself, on its node, at an ephemeral port
-        assert address.startswith(f"tcp://{ip}:") and not address.endswith(":0")
+    assert {name: node for name, (node, _) in seen.items()} == {"gate": head, "learner": head, "custom": head}
+    for name in ("gate", "learner"):  # each bound by the actor itself, on its node, at an ephemeral port
+        assert seen[name][1].startswith(f"tcp://{ip}:") and not seen[name][1].endswith(":0")
+    custom = json.loads((result.run_dir / "seen.json").read_text())  # the custom stage's actor read every event
+    assert custom["versions"] == [1, 2, 3] and custom["pid"] != os.getpid()
     assert summary["learner_updates"] == 3 and summary["stop_reason"] == "updates"
     assert [r["iteration"] for r in rows] == [1, 2, 3]
     assert summary["groups_trained"] == rows[-1]["groups_trained"] >= 3 * 2
@@ -222,3 +234,65 @@ async def test_a_killed_learner_actor_stops_the_run_by_name_and_the_run_resumes_
     assert [r["iteration"] for r in rows] == [1, 2, 3, 4]  # appended after the checkpoint, none twice
     assert summary["learner_updates"] == 4 and summary["groups_trained"] == rows[-1]["groups_trained"]
     assert await _nothing_left() == ([], [])
+
+
+COORDINATOR_ON_HEAD = "placement.coordinator={num_cpus = 0, resources = {head = 0.25}}"
+
+
+def _rows_written(run_dir) -> bool:
+    metrics = run_dir / "metrics.jsonl"
+    return metrics.exists() and bool(metrics.read_text().strip())
+
+
+async def test_the_coordinator_actor_runs_the_job_stops_on_the_drivers_interrupt_and_resumes_exactly(cluster, tmp_path):
+    head, workers = cluster
+    auto = [*ON_RAY, "policy.workers=auto", COORDINATOR_ON_HEAD, "run.updates=3"]
+    done = await ray_coordinator.run_job_on_ray(load(None, _tiny(tmp_path, *auto)))
+    assert done.node == head  # the job ran in the actor on the head, not in this process
+    assert done.summary["decoding_workers"] == 2  # "auto": the cluster's two CPUs, the coordinator reserving none
+    rows = _metrics(done.run_dir)
+    assert done.summary["learner_updates"] == 3 and [r["iteration"] for r in rows] == [1, 2, 3]
+    assert done.summary["groups_trained"] == rows[-1]["groups_trained"] >= 3 * 2 and done.summary["trajectories_failed"] == 0
+    assert done.summary_md.startswith(f"# rollcut run `{done.run_dir.name}`")  # read on the coordinator's node
+    assert f"| groups_trained | {done.summary['groups_trained']} |" in done.summary_md
+    assert await _nothing_left() == ([], [])
+
+    run_dir = tmp_path / "runs" / "stopped"
+    cfg = load(None, _tiny(tmp_path, *ON_RAY, COORDINATOR_ON_HEAD, "run.updates=8", "run.name=stopped"))
+    stop = trio.Event()
+
+    async def interrupt() -> None:  # the driver's Ctrl-C, once an update is in
+        await _until(lambda: _rows_written(run_dir), 600)
+        stop.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(interrupt)
+        with pytest.raises(RunInterrupted) as stopped:
+            await ray_coordinator.run_job_on_ray(cfg, stop=stop)
+    assert stopped.value.run_dir == run_dir and 1 <= stopped.value.version < 8
+    assert await _nothing_left() == ([], [])
+    resumed = await ray_coordinator.run_job_on_ray(load(run_dir / "config.toml", []), resume_dir=run_dir)
+    rows = _metrics(run_dir)
+    assert [r["iteration"] for r in rows] == list(range(1, 9))  # appended after the checkpoint, none twice
+    assert resumed.summary["learner_updates"] == 8 and resumed.summary["groups_trained"] == rows[-1]["groups_trained"]
+    assert await _nothing_left() == ([], [])
+
+
+async def test_a_killed_coordinator_actor_fails_the_run_by_name_and_leaves_nothing(cluster, tmp_path):
+    run_dir = tmp_path / "runs" / "coordinator-killed"
+    cfg = load(None, _tiny(tmp_path, *ON_RAY, COORDINATOR_ON_HEAD, "run.updates=50", "run.name=coordinator-killed"))
+
+    async def kill() -> None:
+        await _until(lambda: _rows_written(run_dir), 600)
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("rollcut-coordinator-")]
+        ray.kill(ray.get_actor(names[0], namespace="rollcut"), no_restart=True)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(kill)
+        with pytest.raises(RunFailed) as failed:
+            await ray_coordinator.run_job_on_ray(cfg)
+    message = str(failed.value)
+    print(message)
+    assert "the coordinator (Ray actor rollcut-coordinator-" in message and "died" in message
+    assert f" on node {ray.util.get_node_ip_address()} (" in message and "run.py resume" in message
+    assert await _nothing_left() == ([], [])  # its decoders and their placement group ended with it

@@ -136,5 +136,7 @@ def build_learner_stage(cfg: RunConfig, trainer: Trainer, reports: ReportSink, *
 
 
 def build_observers(cfg: RunConfig) -> list[Stage]:
-    """The custom stages of `[[stages]]`, in order."""
-    return [build_stage(spec.target, spec.options, f"stages[{i}].options") for i, spec in enumerate(cfg.stages)]
+    """The custom stages of `[[stages]]` that run in this process, in order (one with `process = true` is built
+    in its own: `stage_children.serve_custom`)."""
+    return [build_stage(spec.target, spec.options, f"stages[{i}].options") for i, spec in enumerate(cfg.stages)
+            if not spec.process]

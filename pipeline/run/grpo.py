@@ -139,7 +139,7 @@ async def run_grpo(
             nursery.start_soon(set_on, w.heldout.target_reached, phase.done)
             async with trio.open_nursery() as work:  # everything that trains: cancelled at the last update
                 await work.start(policy.serve)
-                await _start_stages(work, w, zmq, ctx, reached)
+                await _start_stages(work, w, zmq, ctx, reached, nursery)
                 await work.start(w.recorder.consume, w.stages.reports, evals)
                 await work.start(phase.lifecycle.run, w.rollout)
                 if stop is not None:
@@ -190,11 +190,14 @@ def _build(
     return _Wiring(phase, rollout, stages, heldout, recorder, events, events_in, training)
 
 
-async def _start_stages(work: trio.Nursery, w: _Wiring, zmq: Any, ctx: StageContext, reached: Any) -> None:
+async def _start_stages(work: trio.Nursery, w: _Wiring, zmq: Any, ctx: StageContext, reached: Any, observing: trio.Nursery) -> None:
     """What this process binds first (the stage children connect to it), then the stages, each started with
-    the address it bound (a Ray actor's ephemeral port), then what connects to them."""
+    the address it bound (a Ray actor's ephemeral port), then what connects to them. Custom stages in children
+    of their own start in `observing`, which outlives the training: they read the events to `PhaseFinished`."""
     reports = await work.start(w.stages.receive_reports, ctx)  # stage children's reports, read to the gate's last
     ctx = reached(reports=reports, control=await work.start(w.rollout.run, ctx))
+    for custom in w.stages.custom:
+        await observing.start(custom.run, ctx)
     results = await work.start(w.stages.learner.run, ctx)
     steps = ctx.addresses.steps
     if w.stages.gate is not None:
@@ -238,3 +241,5 @@ async def _finish(w: _Wiring, stop_reason: str, observers_done: trio.Event) -> N
     if stop_reason != "interrupted":  # Ctrl-C must stay fast: no waiting on plugins
         with trio.move_on_after(w.phase.cfg.transport.drain_s):  # stages that return on PhaseFinished saw everything
             await observers_done.wait()
+            for custom in w.stages.custom:  # and those in processes of their own, once they returned
+                await custom.finished.wait()

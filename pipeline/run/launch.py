@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ROLES = {
     "gate": "pipeline.run.stage_children:serve_gate",
     "learner": "pipeline.run.stage_children:serve_learner",
+    "custom": "pipeline.run.stage_children:serve_custom",
     "decoder": "pipeline.run.decoding_worker:serve_decoder",
 }
 """A child's role -> the `async def serve(spec, keys)` that runs it (imported in the child only; `keys`: the
@@ -70,7 +71,7 @@ class ChildSpec(msgspec.Struct, frozen=True, kw_only=True):
     """The run's secret (`pipeline.transport`): the child's sockets are sealed with it."""
     run_dir: str = ""
     index: int = 0
-    """Which decoding worker this is."""
+    """Which decoding worker this is; a custom stage's entry in `stages`."""
     inbox: str = ""
     outbox: str = ""
     """A decoding worker's request PULL and reply PUSH addresses."""
@@ -116,6 +117,8 @@ class Child:
     """The Ray node it was placed on ("" for a child process of this one)."""
     endpoints: dict[str, str] = field(default_factory=dict)
     """What it bound, by address name, as it said in its `StageReady` (a stage child on Ray)."""
+    may_return: bool = False
+    """A clean exit is its end, not a failure (a custom stage's process, once its stage read the events to their end)."""
 
 
 async def launch(child: Child, spec: ChildSpec, *, env: dict[str, str] | None = None,
@@ -138,6 +141,8 @@ async def launch(child: Child, spec: ChildSpec, *, env: dict[str, str] | None = 
 async def _fail_on_exit(child: Child, process: trio.Process) -> None:
     await process.wait()
     child.ended.set()
+    if child.may_return and process.returncode == 0:
+        return
     raise ChildExited(child.stage, f"{child.what} exited with code {process.returncode} (its stderr is above)")
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -64,7 +64,13 @@ FINAL_REPORT_WAIT_S = 5.0
 child that has not exited 5 s after SIGTERM, so nothing can come later."""
 _ADDRESSES = ("steps", "control", "results", "events", "reports")
 BOUND_BY = {"gate": {"steps"}, "learner": {"results"}}
-"""The addresses a stage child binds (and says in its `StageReady`); the phase binds the others."""
+"""The addresses a stage child binds (and says in its `StageReady`); the phase binds the others (a custom
+stage's child binds none)."""
+
+
+def custom_stage_name(index: int) -> str:
+    """How the phase names the child of `[[stages]]` entry `index` (`process = true`) in reports and failures."""
+    return f"custom-{index}"
 
 
 @contextlib.asynccontextmanager
@@ -138,6 +144,9 @@ class PhaseStages:
     placed: Callable[[], contextlib.AbstractAsyncContextManager[StagePlacement]]
     """`async with stages.placed() as where`: the stages' hosts exist inside the block (Ray actors), and
     `where` says how the phase's zmq context is keyed and where its sockets bind."""
+    custom: list[CustomChild] = field(default_factory=list)
+    """The custom stages with `process = true`, each in a child: started once the reports socket is bound,
+    before admission, and outliving the training (they read the events to `PhaseFinished`)."""
 
 
 @dataclass(frozen=True)
@@ -178,15 +187,16 @@ def place_stages(cfg: RunConfig, trainer: Trainer, *, capture_state: bool, secre
     children = _ChildReports(reports_in)
     gate_child = GateChild(cfg, secret) if cfg.gate.enabled else None
     learner_child = LearnerChild(cfg, trainer, secret, children, capture_state=capture_state)
-    children.gate, children.learner = gate_child, learner_child
+    custom = [CustomChild(cfg, secret, i) for i, spec in enumerate(cfg.stages) if spec.process]
+    children.gate, children.learner, children.custom = gate_child, learner_child, custom
     placed = here
     if cfg.placement.launcher == "ray":
-        placed = partial(_placed_by, build_launcher(cfg), [h for h in (gate_child, learner_child) if h is not None])
-    return PhaseStages(gate_child, learner_child, reports, children.receive, placed)
+        placed = partial(_placed_by, build_launcher(cfg), [h for h in (gate_child, learner_child, *custom) if h is not None])
+    return PhaseStages(gate_child, learner_child, reports, children.receive, placed, custom)
 
 
 @contextlib.asynccontextmanager
-async def _placed_by(launcher: Launcher, handles: list[GateChild | LearnerChild]) -> AsyncIterator[StagePlacement]:
+async def _placed_by(launcher: Launcher, handles: list[GateChild | LearnerChild | CustomChild]) -> AsyncIterator[StagePlacement]:
     """The stage children placed by `launcher` (Ray: an actor each, identified) for the block."""
     async with launcher.place("stage", [h.child for h in handles]) as placed:
         for handle in handles:
@@ -202,15 +212,19 @@ async def _nothing_to_read(ctx: StageContext, *, task_status: Any = trio.TASK_ST
     task_status.started(ctx.addresses.reports)
 
 
-async def _run_child(child: Child, spec: Any, placed: Placed | None, ctx: StageContext, bound: str, *,
+async def _run_child(child: Child, spec: Any, placed: Placed | None, ctx: StageContext, bound: str | None, *,
                      task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    """Run a stage child until cancelled; started, once it is ready, with the address its socket `bound`
-    has as the phase reaches it (a Ray actor binds an ephemeral port of its node, keyed by its own pair)."""
+    """Run a stage child until cancelled (or, one that `may_return`, until it returns); started, once it is
+    ready, with the address its socket `bound` has as the phase reaches it (a Ray actor binds an ephemeral port
+    of its node, keyed by its own pair; None: it binds nothing)."""
     async with trio.open_nursery() as nursery:
         if placed is None:
             await nursery.start(partial(launch, child, spec))
         else:
             await nursery.start(partial(placed.launch, child, placed.sealed(spec)))
+        if bound is None:
+            task_status.started(None)
+            return
         address = child.endpoints.get(bound, getattr(ctx.addresses, bound))
         key = placed.peer_key(child) if placed is not None else None
         if key is not None:
@@ -294,6 +308,22 @@ class LearnerChild:
         return _SocketAnnouncer(channel)
 
 
+class CustomChild:
+    """A custom stage (`[[stages]]` entry `index`, `process = true`) in a child of its own: `run` returns when the
+    child does, once its stage has read the events to `PhaseFinished` (`finished` is then set)."""
+
+    def __init__(self, cfg: RunConfig, secret: bytes, index: int) -> None:
+        self._cfg, self._secret, self.index = cfg, secret, index
+        self.child = Child(custom_stage_name(index), f"its process ({cfg.stages[index].target})", may_return=True)
+        self.placed: Placed | None = None
+        self.finished = trio.Event()
+
+    async def run(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        spec = child_spec("custom", self._cfg, ctx.addresses, self._secret, run_dir=str(ctx.run_dir), index=self.index)
+        await _run_child(self.child, spec, self.placed, ctx, None, task_status=task_status)
+        self.finished.set()
+
+
 class _SocketAnnouncer:
     def __init__(self, channel: trio.MemorySendChannel[Any]) -> None:
         self._channel = channel
@@ -310,11 +340,12 @@ class _ChildReports:
         self._reports = reports
         self.gate: GateChild | None = None
         self.learner: LearnerChild | None = None
+        self.custom: list[CustomChild] = []
         self.learner_version = 0
         """The last version the learner reported (a report is taken only as the next one)."""
 
     def _children(self) -> dict[str, Child]:
-        return {h.child.stage: h.child for h in (self.gate, self.learner) if h is not None}
+        return {h.child.stage: h.child for h in (self.gate, self.learner, *self.custom) if h is not None}
 
     async def receive(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         t = ctx.addresses
@@ -348,7 +379,7 @@ class _ChildReports:
         children = self._children()
         match message:
             case StageReady(stage=stage, endpoints=endpoints):
-                if stage not in children or children[stage].ready.is_set() or not set(endpoints) <= BOUND_BY[stage]:
+                if stage not in children or children[stage].ready.is_set() or not set(endpoints) <= BOUND_BY.get(stage, set()):
                     pull.drop("unexpected_ready", f"StageReady of {stage!r} ({sorted(endpoints)} bound)")
                     return
                 children[stage].endpoints = dict(endpoints)

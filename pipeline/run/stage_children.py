@@ -1,6 +1,6 @@
-"""The gate and learner stages in children of their own (roles "gate" and "learner" of `launch.py`, placed
-by `placement.py` when `transport.mode = "processes"`: child processes, or Ray actors on `placement.launcher =
-"ray"`).
+"""The gate and learner stages in children of their own (roles "gate" and "learner" of `launch.py`, placed by
+`placement.py` when `transport.mode = "processes"`: child processes, or Ray actors on `placement.launcher =
+"ray"`), and custom stages with `process = true` (role "custom": `serve_custom`).
 
 Each child builds its stage with `build.py` from the config it was given, seals its sockets with the run's
 secret (on Ray: CURVE with its own key pair, admitting the coordinator's key), binds its one socket (the
@@ -27,13 +27,13 @@ from pipeline.counters import GroupsConsumed, LearnerReport
 from pipeline.curve import CurveKeys
 from pipeline.messages import FramesDropped, GateReport, LearnerDropped, LearnerUpdated, StageReady
 from pipeline.profiling import Profiler
-from pipeline.stage import StageContext
+from pipeline.stage import StageContext, build_stage
 from pipeline.transport import Context, open_context
 from stages.gate_stage import GateStage
 
 from .build import build_backend, build_gate_stage, build_learner_stage, build_suite, build_trainer
 from .launch import ChildSpec
-from .placement import BOUND_BY, FINAL_REPORT_WAIT_S, REPORT_EVERY_S, from_bytes, to_bytes
+from .placement import BOUND_BY, FINAL_REPORT_WAIT_S, REPORT_EVERY_S, custom_stage_name, from_bytes, to_bytes
 
 FINAL_REPORT_S = FINAL_REPORT_WAIT_S / 2
 """How long a stopped gate tries to send its final report (the parent reads for it at most FINAL_REPORT_WAIT_S)."""
@@ -45,7 +45,7 @@ async def _child_context(stage: str, spec: ChildSpec, keys: CurveKeys | None) ->
     frames this process's sockets drop, and the stage context."""
     t = spec.addresses
     if spec.bind_host:  # on Ray: what this child binds, on its node at an ephemeral port (said in StageReady)
-        t = msgspec.structs.replace(t, **{name: f"tcp://{spec.bind_host}:0" for name in BOUND_BY[stage]})
+        t = msgspec.structs.replace(t, **{name: f"tcp://{spec.bind_host}:0" for name in BOUND_BY.get(stage, ())})
     async with open_context(t.curve_dir, secret=spec.secret, keys=keys) as zmq, trio.open_nursery() as nursery:
         reports = zmq.socket("push", t.reports, bind=False, hwm=t.hwm)
         async with reports:
@@ -118,6 +118,19 @@ async def serve_gate(spec: ChildSpec, keys: CurveKeys | None) -> None:
                 await _send_drops("gate", zmq, reports, {})  # before the final report: the parent reads to that one
                 await reports.send(GateReport(statistics=dict(gate.statistics()), counters=gate.counters_state(), final=True))
         # leaving the context closes the socket with its linger and ctx.term() flushes this last frame
+
+
+async def serve_custom(spec: ChildSpec, keys: CurveKeys | None) -> None:
+    """A `[[stages]]` entry with `process = true` (entry `spec.index`), built here from the config: it subscribes
+    to the run's events like any stage, says `StageReady` once started, and this process returns when the stage
+    returns (it read `PhaseFinished`): a clean exit is its end (`Child.may_return`). A stage that raises ends
+    this process with its traceback on stderr, and the run with one line naming it (`launch.ChildExited`)."""
+    entry = spec.config.stages[spec.index]
+    stage = build_stage(entry.target, entry.options, f"stages[{spec.index}].options")
+    name = custom_stage_name(spec.index)
+    async with _child_context(name, spec, keys) as (_zmq, reports, _nursery, ctx), trio.open_nursery() as running:
+        await running.start(stage.run, ctx)
+        await reports.send(StageReady(stage=name))
 
 
 async def _stop_on_sigterm(scope: trio.CancelScope, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -116,3 +116,10 @@ def test_the_lr_floor_is_checked():
         load_config(None, ["learner.lr_floor=1.5"])
     assert info.value.problems == ["learner.lr_floor must be in [0, 1]"]
     assert load_config(None, ["learner.lr_schedule=linear", "learner.lr_floor=0.1"]).learner.lr_schedule == "linear"
+
+
+def test_a_stage_in_a_process_of_its_own_needs_processes_mode():
+    stage = 'stages=[{target = "tests.plugin_stages:Recorder", process = true}]'
+    with pytest.raises(ConfigError, match=r"stages\[0\].process = true needs transport.mode"):
+        load_config(None, [stage])
+    assert load_config(None, [stage, "transport.mode=processes"]).stages[0].process
