@@ -78,25 +78,7 @@ def report_markdown(report: Mapping[str, Any], title: str) -> str:
         lines.append(f"| {arm} | {_before_after(b, 'seen')} | {_before_after(b, 'unseen')} | {delta_s} "
                      f"| {_pct(b.get('gate_precision'))} / {_pct(b.get('gate_recall'))} |")
     if report["stop_rule"]["kind"] == "target_heldout":
-        lines += ["", f"## Time to held-out success ≥ {report['stop_rule']['target']:.0%} "
-                  f"(periodic measures on `{report.get('curve_range') or 'unnamed'}`, stamped when their weights were published)", "",
-                  "A seed that never reached the target is censored: it counts at its budget (the GRPO wall clock, env "
-                  "steps and tokens it ran), so its figures, and a mean or ratio holding them, are lower bounds.", "",
-                  "| arm | seconds (mean over seeds, censored ones at their budget) | reached | censored | × baseline "
-                  "| env steps to target | × baseline | tokens to target | × baseline |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for arm, b in arms.items():
-            flags = [f.get("target_reached") for f in b["per_seed"].values()]
-            reached, censored = sum(1 for x in flags if x == 1.0), sum(1 for x in flags if x == 0.0)
-            c = comps.get(arm, {})
-
-            def ratio(key: str, c: Mapping[str, Any] = c, arm: str = arm) -> str:
-                return "baseline" if arm == base else _interval(c.get(key))
-
-            lines.append(f"| {arm} | {_num(b.get('time_to_target_s'), '.1f')} | {reached}/{b['n']} | {censored} "
-                         f"| {ratio('time_to_target_ratio')} | {_num(b.get('env_steps_to_target'), '.0f')} "
-                         f"| {ratio('env_steps_to_target_ratio')} | {_num(b.get('tokens_to_target'), '.0f')} "
-                         f"| {ratio('tokens_to_target_ratio')} |")
+        lines += _target_table(report)
     if report["missing"]:
         lines += ["", "Not finished: " + ", ".join(f"{m['arm']} seed {m['seed']}" for m in report["missing"]) + "."]
     if report["notes"]:
@@ -104,3 +86,28 @@ def report_markdown(report: Mapping[str, Any], title: str) -> str:
     lines += ["", "Plots: `curves.png` (held-out success vs wall seconds, mean of seeds, band = min..max), "
               "`wall_ratio.png` (wall clock × baseline with its interval)."]
     return "\n".join(lines) + "\n"
+
+
+def _target_table(report: Mapping[str, Any]) -> list[str]:
+    """The time-to-target section: seconds, env steps and tokens to the target, censored seeds counted."""
+    arms, comps, base = report["arms"], report["comparisons"], report["baseline"]
+    lines = ["", f"## Time to held-out success ≥ {report['stop_rule']['target']:.0%} "
+              f"(periodic measures on `{report.get('curve_range') or 'unnamed'}`, stamped when their weights were published)", "",
+              "A seed that never reached the target is censored: it counts at its budget (the GRPO wall clock, env "
+              "steps and tokens it ran), so its figures, and a mean or ratio holding them, are lower bounds.", "",
+              "| arm | seconds (mean over seeds, censored ones at their budget) | reached | censored | × baseline "
+              "| env steps to target | × baseline | tokens to target | × baseline |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for arm, b in arms.items():
+        flags = [f.get("target_reached") for f in b["per_seed"].values()]
+        reached, censored = sum(1 for x in flags if x == 1.0), sum(1 for x in flags if x == 0.0)
+        c = comps.get(arm, {})
+
+        def ratio(key: str, c: Mapping[str, Any] = c, arm: str = arm) -> str:
+            return "baseline" if arm == base else _interval(c.get(key))
+
+        lines.append(f"| {arm} | {_num(b.get('time_to_target_s'), '.1f')} | {reached}/{b['n']} | {censored} "
+                     f"| {ratio('time_to_target_ratio')} | {_num(b.get('env_steps_to_target'), '.0f')} "
+                     f"| {ratio('env_steps_to_target_ratio')} | {_num(b.get('tokens_to_target'), '.0f')} "
+                     f"| {ratio('tokens_to_target_ratio')} |")
+    return lines
