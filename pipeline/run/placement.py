@@ -21,6 +21,8 @@ Across processes:
   phase connects there: on Ray an ephemeral port of the actor's node); the phase admits groups after.
 * every socket is sealed with the run's secret (on Ray: CURVE, each actor with its own key pair); a child reports the frames its own sockets dropped
   (`FramesDropped`, at most every `REPORT_EVERY_S`) so that the run's `dropped_frames` counts them.
+
+The parent's side of the reports socket is `child_reports.py`.
 """
 
 from __future__ import annotations
@@ -37,35 +39,17 @@ import msgspec
 import trio
 
 from learner.trainer import Trainer
-from pipeline import tensors
 from pipeline.config import RunConfig, TransportSection
-from pipeline.counters import GroupsConsumed, LearnerReport
-from pipeline.messages import (
-    FramesDropped,
-    GateReport,
-    GroupExpected,
-    GroupResult,
-    LearnerDropped,
-    LearnerUpdated,
-    ReportStream,
-    StageReady,
-)
+from pipeline.messages import GateReport, GroupExpected, GroupResult, StageReady
 from pipeline.stage import StageContext
-from pipeline.transport import Context
 from stages.rollout import GateIdentity
 
 from .build import build_gate_stage, build_launcher, build_learner_stage
+from .child_reports import ChildReports, to_bytes
 from .launch import Child, Launcher, Placed, child_spec, launch
 from .runtime import AnnouncedSender
 
-REPORT_EVERY_S = 0.5
-FINAL_REPORT_WAIT_S = 5.0
-"""How long the parent reads for the gate's final report once the phase ended: `trio.run_process` kills a
-child that has not exited 5 s after SIGTERM, so nothing can come later."""
 _ADDRESSES = ("steps", "control", "results", "events", "reports")
-BOUND_BY = {"gate": {"steps"}, "learner": {"results"}}
-"""The addresses a stage child binds (and says in its `StageReady`); the phase binds the others (a custom
-stage's child binds none)."""
 
 
 def custom_stage_name(index: int) -> str:
@@ -83,15 +67,6 @@ async def addresses(cfg: RunConfig) -> AsyncIterator[TransportSection]:
     with tempfile.TemporaryDirectory(prefix="rollcut-") as folder:  # mode 0700: only this user reaches the files
         moved = {k: f"ipc://{folder}/{k}" for k in _ADDRESSES if getattr(t, k).startswith("inproc://")}
         yield msgspec.structs.replace(t, **moved)
-
-
-def to_bytes(state: Mapping[str, Any] | None) -> bytes:
-    return b"" if state is None else tensors.pack(dict(state))
-
-
-def from_bytes(blob: bytes) -> Any:
-    """A packed tree, or None (empty). Raises `tensors.WireError`: nothing here runs what a frame names."""
-    return tensors.unpack(blob) if blob else None
 
 
 class GateHandle(Protocol):
@@ -184,7 +159,7 @@ def place_stages(cfg: RunConfig, trainer: Trainer, *, capture_state: bool, secre
         learner = _LocalLearner(build_learner_stage(cfg, trainer, reports_in, version=0, capture_state=capture_state,
                                                     announced_on_socket=False))
         return PhaseStages(gate, learner, reports, _nothing_to_read, here)
-    children = _ChildReports(reports_in)
+    children = ChildReports(reports_in)
     gate_child = GateChild(cfg, secret) if cfg.gate.enabled else None
     learner_child = LearnerChild(cfg, trainer, secret, children, capture_state=capture_state)
     custom = [CustomChild(cfg, secret, i) for i, spec in enumerate(cfg.stages) if spec.process]
@@ -291,7 +266,7 @@ class GateChild:
 class LearnerChild:
     """The learner stage in a child process: it gets the parent trainer's state as it starts."""
 
-    def __init__(self, cfg: RunConfig, trainer: Trainer, secret: bytes, children: _ChildReports, *, capture_state: bool) -> None:
+    def __init__(self, cfg: RunConfig, trainer: Trainer, secret: bytes, children: ChildReports, *, capture_state: bool) -> None:
         self._cfg, self._trainer, self._secret, self._children = cfg, trainer, secret, children
         self._capture_state = capture_state
         self.child = Child("learner", "its process")
@@ -331,84 +306,3 @@ class _SocketAnnouncer:
     async def send(self, group: GroupResult) -> None:
         await self._channel.send(GroupExpected(group_id=group.group_id))
         await self._channel.send(group)
-
-
-class _ChildReports:
-    """The reports PULL of a phase whose stages run in children: readiness, gate reports, learner reports."""
-
-    def __init__(self, reports: trio.MemorySendChannel[Any]) -> None:
-        self._reports = reports
-        self.gate: GateChild | None = None
-        self.learner: LearnerChild | None = None
-        self.custom: list[CustomChild] = []
-        self.learner_version = 0
-        """The last version the learner reported (a report is taken only as the next one)."""
-
-    def _children(self) -> dict[str, Child]:
-        return {h.child.stage: h.child for h in (self.gate, self.learner, *self.custom) if h is not None}
-
-    async def receive(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        t = ctx.addresses
-        pull = ctx.zmq.socket("pull", t.reports, bind=True, receives=ReportStream, hwm=t.hwm, name="reports")
-        async with pull, self._reports:
-            task_status.started(pull.address)
-            try:
-                async for message in pull:
-                    await self._take(message, pull, ctx.zmq)
-            finally:
-                if self._final_gate_report_due():
-                    with trio.move_on_after(FINAL_REPORT_WAIT_S, shield=True):
-                        await self._read_final_gate_report(pull, ctx.zmq)
-
-    def _final_gate_report_due(self) -> bool:
-        """A gate child that said ready and still runs answers its stop with a final report."""
-        return self.gate is not None and self.gate.child.ready.is_set() and not self.gate.child.ended.is_set()
-
-    async def _read_final_gate_report(self, pull: Any, zmq: Context) -> None:
-        """Read to the gate's final report; a learner's report now comes after the last update: not counted."""
-        assert self.gate is not None
-        async for message in pull:
-            if isinstance(message, FramesDropped) and message.stage in self._children():
-                zmq.record_remote_drops(message.stage, message.counts)
-            elif isinstance(message, GateReport):
-                self.gate.took_report(message)
-                if message.final:
-                    return
-
-    async def _take(self, message: ReportStream, pull: Any, zmq: Context) -> None:
-        children = self._children()
-        match message:
-            case StageReady(stage=stage, endpoints=endpoints):
-                if stage not in children or children[stage].ready.is_set() or not set(endpoints) <= BOUND_BY.get(stage, set()):
-                    pull.drop("unexpected_ready", f"StageReady of {stage!r} ({sorted(endpoints)} bound)")
-                    return
-                children[stage].endpoints = dict(endpoints)
-                if stage == "gate" and self.gate is not None:
-                    self.gate.took_ready(message)
-                children[stage].ready.set()
-            case GateReport() if self.gate is not None:
-                self.gate.took_report(message)
-            case FramesDropped(stage=stage, counts=counts) if stage in children:
-                zmq.record_remote_drops(stage, counts)
-            case LearnerDropped(zero_variance=zv, cut=cut):
-                await self._reports.send(GroupsConsumed(zero_variance=zv, cut=cut))
-            case LearnerUpdated():
-                report = self._learner_report(message, pull)
-                if report is not None:
-                    await self._reports.send(report)
-            case _:
-                pull.drop("unexpected_report", type(message).__name__)
-
-    def _learner_report(self, message: LearnerUpdated, pull: Any) -> LearnerReport | None:
-        """The report of the next update (last + 1) whose tensors unpack; None (dropped, counted) otherwise."""
-        if message.version != self.learner_version + 1:
-            pull.drop("version_out_of_order", f"version {message.version} after {self.learner_version}")
-            return None
-        try:
-            weights, state = tensors.unpack_weights(message.weights), from_bytes(message.trainer_state)
-        except tensors.WireError as exc:
-            pull.drop("bad_tensors", f"version {message.version}: {exc}")
-            return None
-        self.learner_version = message.version
-        return LearnerReport(version=message.version, stats=message.stats, train_seconds=message.train_seconds,
-                             weights=weights, trainer_state=state, groups_trained=message.groups_trained)

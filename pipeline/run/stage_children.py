@@ -32,8 +32,9 @@ from pipeline.transport import Context, open_context
 from stages.gate_stage import GateStage
 
 from .build import build_backend, build_gate_stage, build_learner_stage, build_suite, build_trainer
+from .child_reports import BOUND_BY, FINAL_REPORT_WAIT_S, REPORT_EVERY_S, from_bytes, to_bytes
 from .launch import ChildSpec
-from .placement import BOUND_BY, FINAL_REPORT_WAIT_S, REPORT_EVERY_S, custom_stage_name, from_bytes, to_bytes
+from .placement import custom_stage_name
 
 FINAL_REPORT_S = FINAL_REPORT_WAIT_S / 2
 """How long a stopped gate tries to send its final report (the parent reads for it at most FINAL_REPORT_WAIT_S)."""

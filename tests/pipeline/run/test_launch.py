@@ -8,19 +8,19 @@ import pytest
 import torch
 
 from pipeline.config import load_config
-from pipeline.run import launch, placement
+from pipeline.run import child_reports, launch
 
 
 def test_a_child_spec_carries_the_config_itself_and_the_trainer_state_as_data(tmp_path):
     cfg = load_config(None, ["transport.mode=processes", "gate.tau=0.5", 'stages=[{target="gate", options={gate="stall"}}]'])
     state = {"model": {"w": torch.arange(4.0)}, "rng": (1, (2, 3), None)}
     spec = launch.ChildSpec(role="learner", config=cfg, addresses=cfg.transport, parent=os.getpid(), sys_path=["/x"],
-                            secret=b"s" * 32, trainer_state=placement.to_bytes(state), version=3, capture_state=True)
+                            secret=b"s" * 32, trainer_state=child_reports.to_bytes(state), version=3, capture_state=True)
     path = tmp_path / "spec.msgpack"
     launch.write_private(path, msgspec.msgpack.encode(spec))
     back = msgspec.msgpack.decode(path.read_bytes(), type=launch.ChildSpec)
     assert back.config == cfg and back.version == 3 and back.secret == b"s" * 32
-    assert torch.equal(placement.from_bytes(back.trainer_state)["model"]["w"], torch.arange(4.0))
+    assert torch.equal(child_reports.from_bytes(back.trainer_state)["model"]["w"], torch.arange(4.0))
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
 
 

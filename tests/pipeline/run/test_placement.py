@@ -11,7 +11,7 @@ import torch
 from pipeline.config import ConfigError, RunConfig, load_config
 from pipeline.counters import LearnerReport
 from pipeline.messages import LearnerUpdated, ReportStream
-from pipeline.run import placement, stage_children
+from pipeline.run import child_reports, placement, stage_children
 from stages.rollout import GateIdentity
 
 
@@ -47,8 +47,8 @@ async def test_a_learner_report_survives_the_wire():
         trainer_state=state, groups_trained=4))
     (frame,) = sent
     assert isinstance(frame, LearnerUpdated) and frame.version == 2 and frame.groups_trained == 4
-    assert torch.equal(placement.from_bytes(frame.weights)["w"], torch.arange(3.0))
-    back = placement.from_bytes(frame.trainer_state)
+    assert torch.equal(child_reports.from_bytes(frame.weights)["w"], torch.arange(3.0))
+    back = child_reports.from_bytes(frame.trainer_state)
     assert torch.equal(back["model"]["w"], torch.ones(2)) and back["rng"] == (3, (1, 2), None)
 
 
@@ -63,7 +63,7 @@ class _TouchesAFile:
 
 
 def _update(version, weights=None, state=b""):
-    weights = placement.to_bytes({"w": torch.ones(2)}) if weights is None else weights
+    weights = child_reports.to_bytes({"w": torch.ones(2)}) if weights is None else weights
     return LearnerUpdated(version=version, stats={}, train_seconds=0.0, groups_trained=2, weights=weights,
                           trainer_state=state)
 
@@ -102,7 +102,7 @@ async def test_a_forged_learner_report_is_dropped_and_counted_and_runs_no_pickle
     touched = tmp_path / "touched"
     saved = io.BytesIO()
     torch.save({"w": _TouchesAFile(touched)}, saved)
-    good = placement.to_bytes({"w": torch.ones(2)})
+    good = child_reports.to_bytes({"w": torch.ones(2)})
     forged = [_update(1, pickle.dumps(_TouchesAFile(touched))), _update(1, saved.getvalue()),
               _update(1, state=saved.getvalue()), _update(1, good[:-3]), _update(3), _update(0)]
     _, report, dropped = await _read_reports(load_config(None, ["transport.mode=processes"]), forged)

@@ -1,0 +1,129 @@
+"""The reports socket of a phase whose stages run in children (`placement.py`, processes mode): what each child
+says (`StageReady`, `GateReport`, `FramesDropped`, `LearnerUpdated` / `LearnerDropped`), checked against what it
+can have sent, and the learner's turned into the phase's `LearnerReport` / `GroupsConsumed`. A frame a child
+cannot have sent (an unknown stage, a second `StageReady`, an update out of order, tensors that do not unpack) is
+counted and dropped. The report protocol's constants and tensor packing live here too: `stage_children.py`
+speaks the other side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from pipeline import tensors
+from pipeline.counters import GroupsConsumed, LearnerReport
+from pipeline.messages import (
+    FramesDropped,
+    GateReport,
+    LearnerDropped,
+    LearnerUpdated,
+    ReportStream,
+    StageReady,
+)
+from pipeline.stage import StageContext
+from pipeline.transport import Context
+
+if TYPE_CHECKING:
+    from .launch import Child
+    from .placement import CustomChild, GateChild, LearnerChild
+
+REPORT_EVERY_S = 0.5
+FINAL_REPORT_WAIT_S = 5.0
+"""How long the parent reads for the gate's final report once the phase ended: `trio.run_process` kills a
+child that has not exited 5 s after SIGTERM, so nothing can come later."""
+BOUND_BY = {"gate": {"steps"}, "learner": {"results"}}
+"""The addresses a stage child binds (and says in its `StageReady`); the phase binds the others (a custom
+stage's child binds none)."""
+
+
+def to_bytes(state: Mapping[str, Any] | None) -> bytes:
+    return b"" if state is None else tensors.pack(dict(state))
+
+
+def from_bytes(blob: bytes) -> Any:
+    """A packed tree, or None (empty). Raises `tensors.WireError`: nothing here runs what a frame names."""
+    return tensors.unpack(blob) if blob else None
+
+
+class ChildReports:
+    """The reports PULL of a phase whose stages run in children: readiness, gate reports, learner reports."""
+
+    def __init__(self, reports: trio.MemorySendChannel[Any]) -> None:
+        self._reports = reports
+        self.gate: GateChild | None = None
+        self.learner: LearnerChild | None = None
+        self.custom: list[CustomChild] = []
+        self.learner_version = 0
+        """The last version the learner reported (a report is taken only as the next one)."""
+
+    def _children(self) -> dict[str, Child]:
+        return {h.child.stage: h.child for h in (self.gate, self.learner, *self.custom) if h is not None}
+
+    async def receive(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        t = ctx.addresses
+        pull = ctx.zmq.socket("pull", t.reports, bind=True, receives=ReportStream, hwm=t.hwm, name="reports")
+        async with pull, self._reports:
+            task_status.started(pull.address)
+            try:
+                async for message in pull:
+                    await self._take(message, pull, ctx.zmq)
+            finally:
+                if self._final_gate_report_due():
+                    with trio.move_on_after(FINAL_REPORT_WAIT_S, shield=True):
+                        await self._read_final_gate_report(pull, ctx.zmq)
+
+    def _final_gate_report_due(self) -> bool:
+        """A gate child that said ready and still runs answers its stop with a final report."""
+        return self.gate is not None and self.gate.child.ready.is_set() and not self.gate.child.ended.is_set()
+
+    async def _read_final_gate_report(self, pull: Any, zmq: Context) -> None:
+        """Read to the gate's final report; a learner's report now comes after the last update: not counted."""
+        assert self.gate is not None
+        async for message in pull:
+            if isinstance(message, FramesDropped) and message.stage in self._children():
+                zmq.record_remote_drops(message.stage, message.counts)
+            elif isinstance(message, GateReport):
+                self.gate.took_report(message)
+                if message.final:
+                    return
+
+    async def _take(self, message: ReportStream, pull: Any, zmq: Context) -> None:
+        children = self._children()
+        match message:
+            case StageReady(stage=stage, endpoints=endpoints):
+                if stage not in children or children[stage].ready.is_set() or not set(endpoints) <= BOUND_BY.get(stage, set()):
+                    pull.drop("unexpected_ready", f"StageReady of {stage!r} ({sorted(endpoints)} bound)")
+                    return
+                children[stage].endpoints = dict(endpoints)
+                if stage == "gate" and self.gate is not None:
+                    self.gate.took_ready(message)
+                children[stage].ready.set()
+            case GateReport() if self.gate is not None:
+                self.gate.took_report(message)
+            case FramesDropped(stage=stage, counts=counts) if stage in children:
+                zmq.record_remote_drops(stage, counts)
+            case LearnerDropped(zero_variance=zv, cut=cut):
+                await self._reports.send(GroupsConsumed(zero_variance=zv, cut=cut))
+            case LearnerUpdated():
+                report = self._learner_report(message, pull)
+                if report is not None:
+                    await self._reports.send(report)
+            case _:
+                pull.drop("unexpected_report", type(message).__name__)
+
+    def _learner_report(self, message: LearnerUpdated, pull: Any) -> LearnerReport | None:
+        """The report of the next update (last + 1) whose tensors unpack; None (dropped, counted) otherwise."""
+        if message.version != self.learner_version + 1:
+            pull.drop("version_out_of_order", f"version {message.version} after {self.learner_version}")
+            return None
+        try:
+            weights, state = tensors.unpack_weights(message.weights), from_bytes(message.trainer_state)
+        except tensors.WireError as exc:
+            pull.drop("bad_tensors", f"version {message.version}: {exc}")
+            return None
+        self.learner_version = message.version
+        return LearnerReport(version=message.version, stats=message.stats, train_seconds=message.train_seconds,
+                             weights=weights, trainer_state=state, groups_trained=message.groups_trained)
