@@ -43,7 +43,7 @@ ray_launch = pytest.importorskip("pipeline.run.ray_launch")
 ray_coordinator = pytest.importorskip("pipeline.run.ray_coordinator")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 ON_RAY = ['placement.launcher="ray"', "policy.workers=2", "placement.ready_timeout_s=300", "gate.k=4"]
 SMALL_STORE = 80 * 1024 * 1024
 """Object store per fake node: nothing rollcut sends goes through it."""
