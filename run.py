@@ -120,7 +120,9 @@ async def _with_signals(cfg, resume_dir: Path | None):  # noqa: ANN001, ANN202
     from pipeline.run.job import run_job
 
     if cfg.placement.launcher == "ray" and cfg.placement.coordinator is not None:
-        from pipeline.run.ray_coordinator import run_job_on_ray as run_job  # this process only waits on the job's actor
+        from pipeline.run.ray_coordinator import run_job_on_ray
+
+        run_job = run_job_on_ray  # this process only waits on the job's actor
 
     stop = trio.Event()
 

@@ -220,6 +220,7 @@ def _verdict_ab(verdict: Verdict, name: str) -> tuple[dict[str, Any], str]:
                "--redo-loaded", str(REDO_LOADED),
                *(["--target-heldout", str(verdict.target_heldout)] if verdict.target_heldout is not None else []),
                *(["--eval-every", str(verdict.eval_every)] if verdict.eval_every is not None else []),
+               *(["--to-budget"] if verdict.to_budget else []),
                *(["--config", str(config)] if config is not None else []), *(a for s in verdict.overrides() for a in ("--set", s))]
     print(" ".join(command[1:]), file=sys.stderr, flush=True)
     returncode = subprocess.run(command, cwd=ROOT).returncode

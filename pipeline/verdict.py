@@ -15,6 +15,7 @@ A verdict is a committed TOML file, `configs/verdicts/<name>.toml`:
     baseline = "async-grpo"
     target_heldout = 0.45               # kind "ab": stop each run at this success on the valid range (time to target)
     eval_every = 6                      # kind "ab": the valid measure every N updates (with target_heldout)
+    to_budget = true                    # kind "ab": the target read off the curve, every run on to its budget
 
 `python bench/learn_seeds.py --verdict configs/verdicts/<name>.toml` runs exactly that (nothing on its command
 line may change it), and writes `<name>.result.md` and `<name>.result.json` beside it, whatever the figure
@@ -54,6 +55,7 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     baseline: str = ""
     target_heldout: float | None = None
     eval_every: int | None = None
+    to_budget: bool = False
 
     def problems(self) -> list[str]:
         problems = []
@@ -78,8 +80,11 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
                 problems.append(f"target_heldout = {self.target_heldout}: a held-out success in (0, 1]")
             if self.eval_every is not None and (self.eval_every < 1 or self.target_heldout is None):
                 problems.append("eval_every: >= 1, and only with target_heldout")
-        elif self.arms or self.budget or self.baseline or self.target_heldout is not None or self.eval_every is not None:
-            problems.append("arms, budget, baseline, target_heldout and eval_every are for kind = 'ab'")
+            if self.to_budget and self.target_heldout is None:
+                problems.append("to_budget: only with target_heldout")
+        elif (self.arms or self.budget or self.baseline or self.target_heldout is not None or self.eval_every is not None
+              or self.to_budget):
+            problems.append("arms, budget, baseline, target_heldout, eval_every and to_budget are for kind = 'ab'")
         return problems
 
     def overrides(self) -> list[str]:

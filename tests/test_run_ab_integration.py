@@ -71,7 +71,7 @@ def test_the_study_arms_run_on_the_learn_preset_with_the_target_rule(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ab_dir = tmp_path / "runs" / "study" / "ab"
     report = json.loads((ab_dir / "report.json").read_text())
-    assert report["stop_rule"] == {"kind": "target_heldout", "target": 0.25}
+    assert report["stop_rule"] == {"kind": "target_heldout", "target": 0.25, "stops": True}
     assert report["missing"] == [] and set(report["arms"]) == set(STUDY_ARMS)
     for arm in STUDY_ARMS:
         summary = json.loads((ab_dir / f"{arm}-s0" / "summary.json").read_text())

@@ -1,7 +1,7 @@
 """`run.py ab`: run a study, rebuild its report, list the presets.
 
     python run.py ab [--arms A,B,...] [--seeds 0,1,2] [--budget default] [--config BASE] [--set K=V ...]
-                     [--name NAME] [--out DIR] [--baseline ARM] [--target-heldout X [--eval-every N]]
+                     [--name NAME] [--out DIR] [--baseline ARM] [--target-heldout X [--eval-every N] [--to-budget]]
                      [--keep-loaded-wall] [--redo-loaded N] [--dry-run]
     python run.py ab report RUN_DIR [--baseline ARM] [--keep-loaded-wall]
     python run.py ab list
@@ -52,6 +52,9 @@ def _study_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", help="arm the others are compared to (default: the first arm)")
     p.add_argument("--target-heldout", type=float, help="stop each run at this held-out success and compare time to reach it")
     p.add_argument("--eval-every", type=int, help="held-out evaluation every N updates (with --target-heldout; default 2)")
+    p.add_argument("--to-budget", action="store_true",
+                   help="with --target-heldout: take the time to the target from each run's periodic measures but run it on to "
+                        "its budget, so every arm's final held-out figures are at the same budget")
     p.add_argument("--keep-loaded-wall", action="store_true", help=_KEEP_LOADED)
     p.add_argument("--redo-loaded", type=int, default=0, metavar="N",
                    help="run a run the machine's load flagged (summary machine_loaded) again, at most N times; the loaded "
@@ -91,10 +94,16 @@ def _stop_overrides(args: argparse.Namespace) -> list[str]:
     """The target rule as config: each run stops at `run.target_heldout`, measured every `eval.every` updates
     (the config check says what is wrong with either value)."""
     if args.target_heldout is None:
-        if args.eval_every is not None:
-            raise ConfigError(["--eval-every is for --target-heldout (use --set eval.every=N otherwise)"])
+        misplaced = [flag for flag, given in (("--eval-every", args.eval_every is not None), ("--to-budget", args.to_budget)) if given]
+        if misplaced:
+            raise ConfigError([f"{flag} is for --target-heldout" + (" (use --set eval.every=N otherwise)" if flag == "--eval-every" else "")
+                               for flag in misplaced])
         return []
     every = 2 if args.eval_every is None else args.eval_every
+    if args.to_budget:  # the target is read off each run's curve, not set as its stop
+        if not 0 <= args.target_heldout <= 1:
+            raise ConfigError([f"--target-heldout {args.target_heldout}: run.target_heldout must be in [0, 1]"])
+        return [f"eval.every={every}"]
     return [f"run.target_heldout={args.target_heldout}", f"eval.every={every}"]
 
 
@@ -111,7 +120,7 @@ def _study_command(args: argparse.Namespace, load: Loader, command: Sequence[str
         _print_plan(study, budget, todo)
         return 0
     write_plan(study, {"budget": budget.name if budget else None, "base_config": args.config, "set": list(args.overrides),
-                       "target_heldout": args.target_heldout, "keep_loaded_wall": args.keep_loaded_wall,
+                       "target_heldout": args.target_heldout, "to_budget": args.to_budget, "keep_loaded_wall": args.keep_loaded_wall,
                        "redo_loaded": args.redo_loaded, "argv": sys.argv})
     return _run_study(study, todo, command, args.redo_loaded)
 
@@ -182,7 +191,8 @@ def write_report(ab_dir: Path, baseline: str | None = None, keep_loaded_wall: bo
     if baseline not in arms:
         raise ConfigError([f"baseline {baseline!r} is not one of the study's arms ({', '.join(arms)})"])
     records = [r for a in arms for s in seeds if (r := read_run(a, s, ab_dir / f"{a}-s{s}")) is not None]
-    report = build_report(records, arms=arms, seeds=seeds, baseline=baseline, target=plan.get("target_heldout"), keep_loaded_wall=keep)
+    report = build_report(records, arms=arms, seeds=seeds, baseline=baseline, target=plan.get("target_heldout"),
+                          stops_at_target=not plan.get("to_budget", False), keep_loaded_wall=keep)
     report["loaded_runs_set_aside"] = sorted(p.name for p in ab_dir.glob("*.loaded-*") if p.is_dir())
     if report["loaded_runs_set_aside"]:
         report["notes"].append("runs the machine's load flagged, set aside and run again (kept, not counted): "

@@ -94,7 +94,9 @@ def _target_table(report: Mapping[str, Any]) -> list[str]:
     lines = ["", f"## Time to held-out success ≥ {report['stop_rule']['target']:.0%} "
               f"(periodic measures on `{report.get('curve_range') or 'unnamed'}`, stamped when their weights were published)", "",
               "A seed that never reached the target is censored: it counts at its budget (the GRPO wall clock, env "
-              "steps and tokens it ran), so its figures, and a mean or ratio holding them, are lower bounds.", "",
+              "steps and tokens it ran), so its figures, and a mean or ratio holding them, are lower bounds."
+              + ("" if report["stop_rule"].get("stops", True) else " Every run went on to its budget after reaching the "
+                 "target (`--to-budget`): the held-out figures above are each arm's at the same budget."), "",
               "| arm | seconds (mean over seeds, censored ones at their budget) | reached | censored | × baseline "
               "| env steps to target | × baseline | tokens to target | × baseline |",
               "|---|---|---|---|---|---|---|---|---|"]

@@ -178,11 +178,14 @@ def build_report(
     seeds: Sequence[int],
     baseline: str,
     target: float | None = None,
+    stops_at_target: bool = True,
     resamples: int = 10_000,
     level: float = 0.95,
     keep_loaded_wall: bool = False,
 ) -> dict[str, Any]:
-    """Everything report.json holds; `arms`/`seeds` are the plan (missing runs are listed, not invented)."""
+    """Everything report.json holds; `arms`/`seeds` are the plan (missing runs are listed, not invented).
+    `stops_at_target` False: the runs went on to their budget (`run.py ab --to-budget`), the target only read
+    off their curves."""
     by_arm = {a: [r for r in records if r.arm == a] for a in arms}
     blocks = {a: _arm_block(rs, target, keep_loaded_wall) for a, rs in by_arm.items()}
     per_seed = {a: {int(s): f for s, f in blocks[a]["per_seed"].items()} for a in arms}
@@ -196,7 +199,8 @@ def build_report(
         "loaded_runs": [{"arm": r.arm, "seed": r.seed} for r in records if loaded_flag(r.summary)],
         "heldout_range": _ranges(records, "heldout_range"),
         "curve_range": _ranges(records, "heldout_curve_range"),
-        "stop_rule": {"kind": "target_heldout", "target": target} if target is not None else {"kind": "trained_groups"},
+        "stop_rule": ({"kind": "target_heldout", "target": target, "stops": stops_at_target} if target is not None
+                      else {"kind": "trained_groups"}),
         "bootstrap": {"paired_by": "seed", "resamples": resamples, "level": level, "method": "percentile"},
         "arms": blocks,
         "comparisons": comparisons,

@@ -189,6 +189,7 @@ arms = ["async-grpo", "gate-stall"]
 budget = "tiny"
 target_heldout = 0.3
 eval_every = 2
+to_budget = true
 figure = "time to target"
 goal = "gate-stall <= 0.8x"
 """
@@ -210,6 +211,6 @@ def test_an_ab_verdict_passes_its_target_rule_and_redoes_loaded_runs(learn_seeds
     (command,) = commands
     assert command[2] == "ab"
     joined = " ".join(command)
-    assert "--target-heldout 0.3" in joined and "--eval-every 2" in joined
+    assert "--target-heldout 0.3" in joined and "--eval-every 2" in joined and "--to-budget" in joined
     assert f"--redo-loaded {learn_seeds.REDO_LOADED}" in joined and "--seeds 100,101,102,103,104" in joined
     assert "wrote no report" in path.with_suffix(".result.md").read_text()

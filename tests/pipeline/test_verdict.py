@@ -31,6 +31,9 @@ def test_a_bad_verdict_lists_every_problem(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_verdict(path)
     assert "a held-out success in (0, 1]" in str(info.value) and "eval_every: >= 1" in str(info.value)
+    path.write_text('kind = "ab"\nseeds = [100]\nfigure = "f"\ngoal = "g"\narms = ["a", "b"]\nbudget = "tiny"\nto_budget = true\n')
+    with pytest.raises(ConfigError, match="to_budget: only with target_heldout"):
+        load_verdict(path)
 
 
 def test_the_issue_35_verdicts_load_read_test_and_write_beside_themselves():

@@ -80,7 +80,7 @@ def test_target_rule_compares_time_to_reach_it():
                _record("x", 0, _summary(50.0, stop_reason="target_heldout"), [{"wall_s": 10.0, "heldout/mean": 0.6}])]
     report = build_report(records, arms=["base", "x"], seeds=[0], baseline="base", target=0.55, resamples=100)
     assert report["comparisons"]["x"]["time_to_target_ratio"]["estimate"] == pytest.approx(0.25)
-    assert report["stop_rule"] == {"kind": "target_heldout", "target": 0.55}
+    assert report["stop_rule"] == {"kind": "target_heldout", "target": 0.55, "stops": True}
     assert not any("stopped by" in n for n in report["notes"])
     text = report_markdown(report, "study")
     assert "Time to held-out success ≥ 55%" in text and "| x | 10.0 | 1/1 | 0 | 0.250 [0.250, 0.250] (n=1, range) |" in text

@@ -172,10 +172,25 @@ def test_target_rule_sets_the_stop_and_compares_time_to_reach_it(study, capsys):
     cfg = load_config(ab_dir / "configs" / "gated-s1.toml", [])
     assert (cfg.run.target_heldout, cfg.eval.every) == (0.5, 3)
     report = json.loads((ab_dir / "report.json").read_text())
-    assert report["stop_rule"] == {"kind": "target_heldout", "target": 0.5}
+    assert report["stop_rule"] == {"kind": "target_heldout", "target": 0.5, "stops": True}
     assert report["comparisons"]["gated"]["time_to_target_ratio"]["estimate"] == pytest.approx(1.0)  # both at 5 s
     assert run("--name", "other", "--target-heldout", "1.5") == 2
     assert "run.target_heldout must be in [0, 1]" in capsys.readouterr().err
+
+
+def test_to_budget_reads_the_target_off_the_curve_and_lets_every_run_finish_its_budget(study, capsys):
+    run, ran, ab_dir = study
+    assert run("--target-heldout", "0.5", "--eval-every", "3", "--to-budget") == 0
+    cfg = load_config(ab_dir / "configs" / "gated-s1.toml", [])
+    assert (cfg.run.target_heldout, cfg.eval.every) == (0.0, 3)  # no stop: the run goes on to its updates
+    report = json.loads((ab_dir / "report.json").read_text())
+    assert report["stop_rule"] == {"kind": "target_heldout", "target": 0.5, "stops": False}
+    assert report["comparisons"]["gated"]["time_to_target_ratio"]["estimate"] == pytest.approx(1.0)
+    assert "went on to its budget" in (ab_dir / "report.md").read_text()
+    assert run("--name", "bad", "--to-budget") == 2
+    assert run("--name", "bad2", "--target-heldout", "1.5", "--to-budget") == 2
+    err = capsys.readouterr().err
+    assert "--to-budget is for --target-heldout" in err and "run.target_heldout must be in [0, 1]" in err
 
 
 def test_report_of_a_folder_that_is_no_study_exits_2_and_list_names_the_presets(study, tmp_path, capsys):
