@@ -140,6 +140,11 @@ class EvalSection(_Section):
     never test."""
     curve_tasks: int = 0
     """Tasks per split of each periodic measure, the first of `curve_range` (0 = `tasks`, at most the range's size)."""
+    reuse_before: bool = False
+    """Read the before-GRPO measure from the policy's cache folder when a run from the same warm start (same
+    weights, environment, decoding and tasks) stored it, else measure and store it (`pipeline/run/before_cache.py`):
+    an A/B study's arms share each seed's warm start. The key holds no code: clear `heldout-*.json` there after
+    changing an environment's or a policy's code."""
 
     def problems(self) -> list[str]:
         problems = self.ranges.problems() + _failed(

@@ -31,7 +31,7 @@ from stages.envs import EnvSuite, Task
 from stages.evaluate import EvalReport, evaluate_splits
 from stages.policy import Policy
 
-from . import resume
+from . import before_cache, resume
 from .build import (
     build_allocator,
     build_observers,
@@ -195,8 +195,9 @@ async def _run_phases(
     if "heldout_before" in job and job.get("heldout_range", "dev") == cfg.eval.range:
         before = reports_from_json(job["heldout_before"])
     else:  # a new run, or a resume told to measure another range: the before measure of this one
-        before = await _unless_stopped(stop, run_dir, evaluate_heldout, policy, suite, splits, cfg.eval.greedy)
-        job |= {"heldout_before": reports_to_json(before), "heldout_range": cfg.eval.range,
+        before, reused = await _unless_stopped(stop, run_dir, _measure_before, cfg, run_dir, policy, suite, splits,
+                                               checkpoint is None)
+        job |= {"heldout_before": reports_to_json(before), "heldout_range": cfg.eval.range, "heldout_before_reused": reused,
                 "warm_start_s": job.get("warm_start_s", warm_start_s), "job_wall_s": job.get("job_wall_s", 0.0)}
     progress.message(f"held-out success before GRPO ({cfg.eval.range}): " + fmt_eval(before))
     parts = _grpo_parts(cfg, suite, policy, checkpoint, run_dir, job)
@@ -278,7 +279,8 @@ async def _finish(
     wall_s = parts.checkpointer.job["job_wall_s"] + outcome.wall_s + (time.perf_counter() - grpo_ended)
     figures = summary(cfg, outcome, before, after, warm_start_s, wall_s,
                       profiler_overhead_pct=overhead["overhead_pct"] if overhead else None, generated_tokens=generated,
-                      machine_load=parts.machine_load) | {"decoding_workers": getattr(policy, "workers", 1)}
+                      machine_load=parts.machine_load) | {"decoding_workers": getattr(policy, "workers", 1),
+                                                          "heldout_before_reused": parts.checkpointer.job.get("heldout_before_reused", False)}
     if outcome.counters.evaluations:
         write_learning_curve(
             run_dir / "learning_curve.png",
@@ -309,6 +311,24 @@ async def _build_policy(cfg: RunConfig, suite: EnvSuite, checkpoint: dict[str, A
     if checkpoint["policy"] is not None:
         policy.load_sampling_state(checkpoint["policy"])
     return policy, time.perf_counter() - t0
+
+
+async def _measure_before(cfg: RunConfig, run_dir: Path, policy: Policy, suite: EnvSuite, splits: dict[str, list[Task]],
+                          warm_started: bool) -> tuple[dict[str, EvalReport], bool]:
+    """The held-out measure before GRPO, and whether it was read back (`eval.reuse_before`, a warm-started run only:
+    a resumed one serves its checkpoint's weights)."""
+    path = None
+    if cfg.eval.reuse_before and warm_started and cfg.eval.tasks > 0:
+        weights = await trio.to_thread.run_sync(lambda: before_cache.weights_digest(policy.trainable()))
+        path = before_cache.path_for(cfg, before_cache.before_key(cfg, weights))
+        stored = before_cache.load_before(path)
+        if stored is not None:
+            log.info("eval.before_reused", path=str(path))
+            return reports_from_json(stored), True
+    before = await evaluate_heldout(policy, suite, splits, cfg.eval.greedy)
+    if path is not None:
+        before_cache.store_before(path, reports_to_json(before), run_name=run_dir.name)
+    return before, False
 
 
 async def _unless_stopped(stop: trio.Event, run_dir: Path, fn: Any, *args: Any, version: int | None = None) -> Any:
