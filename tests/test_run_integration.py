@@ -31,6 +31,7 @@ TINY = [
     "learner.drop_zero_variance=false",
     "learner.max_staleness=1",
     "run.updates=2",
+    "policy.workers=1",  # decode in the test's process (the default, "auto", starts a decoding process per core)
     # A safety net, not a stop: every tiny run stops on the updates (or the event) its test asserts on, so a
     # loaded machine makes it slower, never different (a 50 s limit once ended runs before their updates).
     "run.max_wall_s=900",
@@ -221,7 +222,7 @@ async def test_the_learn_preset_runs_and_acts_only_admissible_commands(tmp_path)
     assert preset.policy.options["choose_by"] == "command"
     choosing = ", ".join(f"{k} = {json.dumps(preset.policy.options[k])}" for k in ("choose_admissible", "choose_by"))
     options = TINY[-1].replace("bc_eval_tasks = 0}", f"bc_eval_tasks = 0, {choosing}}}")
-    cfg = load(ROOT / "configs" / "learn.toml", _tiny(tmp_path, options, "eval.every=1", "gate.k=4"))
+    cfg = load(ROOT / "configs" / "learn.toml", _tiny(tmp_path, options, "eval.every=1", "gate.k=4", f"policy.workers={preset.policy.workers}"))
     assert cfg.policy.options["choose_by"] == "command" and cfg.learner.max_items == 0
     assert cfg.env.options["recovery"] == "mixed"  # the searching warm start's labels, built here in one epoch
     assert cfg.learner.ema > 0 and not cfg.gate.enabled  # a moving average is published; every group trains
