@@ -55,8 +55,9 @@ def test_ab_tiny_writes_the_report(tmp_path):
     assert re.search(r"\| gate \| 1( \(1 loaded\))? \|", (ab_dir / "report.md").read_text())  # the seeds column names a loaded run
 
 
-STUDY_ARMS = ("sync-grpo", "async-grpo", "gate-stall", "gate", "composed")
-"""The arms of the cost study (issue 36): the reference loop, the asynchronous loop, the two gates, the composed arm."""
+STUDY_ARMS = ("sync-grpo", "async-grpo", "gate-stall-learn", "gate-learn", "composed-learn", "gate-stall-shadow-learn")
+"""The arms of the cost study (issue 36, configs/verdicts/cost-study.toml): the reference loop, the asynchronous loop,
+the two gates at their learn-regime points, the composed arm, the stall gate in shadow."""
 
 
 @pytest.mark.slow
@@ -66,7 +67,8 @@ def test_the_study_arms_run_on_the_learn_preset_with_the_target_rule(tmp_path):
     or censored at its budget (which, on the tiny policy, is up to chance: the structure is checked)."""
     args = [sys.executable, "run.py", "ab", "--arms", ",".join(STUDY_ARMS), "--seeds", "0", "--budget", "tiny",
             "--config", "configs/learn.toml", "--target-heldout", "0.25", "--eval-every", "1", "--name", "study",
-            "--out", str(tmp_path / "runs"), "--set", f'policy.cache_dir="{tmp_path / "cache"}"', "--set", "eval.curve_tasks=4"]
+            "--out", str(tmp_path / "runs"), "--set", f'policy.cache_dir="{tmp_path / "cache"}"', "--set", "eval.curve_tasks=4",
+            "--set", "gate.k=4", "--set", "gate.checkpoints=[6]"]  # the learn arms' K = 10-25 inside the tiny 8-step episodes
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ab_dir = tmp_path / "runs" / "study" / "ab"

@@ -23,7 +23,12 @@ def test_the_issue_s_arms_and_budgets_ship():
 @pytest.mark.parametrize("budget", BUDGETS, ids=lambda p: p.name)
 @pytest.mark.parametrize("arm", ARMS, ids=lambda p: p.name)
 def test_every_arm_validates_under_every_budget(arm, budget):
-    load(None, [*budget.overrides, *arm.overrides])
+    overrides = [*budget.overrides, *arm.overrides]
+    if arm.name.endswith("-learn") and budget.name == "tiny" and "gate.enabled=true" in overrides:
+        with pytest.raises(ConfigError, match="could never fire"):  # a learn-regime gate (K >= 10) in 8-step episodes
+            load(None, overrides)
+        return
+    load(None, overrides)
 
 
 @pytest.mark.parametrize("budget", BUDGETS, ids=lambda p: p.name)
