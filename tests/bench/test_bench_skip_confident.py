@@ -20,7 +20,11 @@ def _bench():
 
 
 def test_the_played_turns_carry_the_log_probs_the_learner_computes(tmp_path):
-    cfg = load(str(ROOT / "configs" / "learn.toml"), ["pretrain.enabled=false", f'policy.cache_dir="{tmp_path}"'])
+    small = ("{choose_admissible = true, choose_by = \"command\", layers = 1, d_model = 32, heads = 2, max_len = 128, "
+             "max_prompt_tokens = 100}")  # the preset's decoding on a small model and short episodes: the same check, ~20x less work
+    cfg = load(str(ROOT / "configs" / "learn.toml"), ["pretrain.enabled=false", f'policy.cache_dir="{tmp_path}"', "env.max_steps=8",
+                                                      f"policy.options={small}"])
+    assert cfg.policy.options["choose_by"] == "command" and cfg.policy.options["layers"] == 1
     suite = build_suite(cfg)
     policy = build_policy(cfg, suite, workers=1)
     groups = _bench().play_groups(policy, suite, list(suite.tasks("train"))[:1], seed=0)
