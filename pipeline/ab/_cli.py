@@ -94,10 +94,10 @@ def _stop_overrides(args: argparse.Namespace) -> list[str]:
     """The target rule as config: each run stops at `run.target_heldout`, measured every `eval.every` updates
     (the config check says what is wrong with either value)."""
     if args.target_heldout is None:
-        misplaced = [flag for flag, given in (("--eval-every", args.eval_every is not None), ("--to-budget", args.to_budget)) if given]
-        if misplaced:
-            raise ConfigError([f"{flag} is for --target-heldout" + (" (use --set eval.every=N otherwise)" if flag == "--eval-every" else "")
-                               for flag in misplaced])
+        problems = (["--eval-every is for --target-heldout (use --set eval.every=N otherwise)"] if args.eval_every is not None else []) \
+            + (["--to-budget is for --target-heldout"] if args.to_budget else [])
+        if problems:
+            raise ConfigError(problems)
         return []
     every = 2 if args.eval_every is None else args.eval_every
     if args.to_budget:  # the target is read off each run's curve, not set as its stop
