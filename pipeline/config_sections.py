@@ -101,7 +101,8 @@ class PolicySection(_Section):
     workers: int | Literal["auto"] = "auto"
     """Decoding worker processes (`pipeline/run/decoding_pool.py`); 1 = decode in a thread of this process.
     "auto" (the default): from the cores this process may use (`pipeline.devices.auto_workers`: both of 2
-    cores, half of more, at most 8), or on Ray from what the cluster holds. On 2 cores 2 workers made 186 env-steps/s
+    cores, half of more, at most 8) unless the backend fixes it (vllm: 1, one engine batches the run), or on Ray
+    from what the cluster holds. On 2 cores 2 workers made 186 env-steps/s
     against 111 with 1 (the default run's GRPO phase 177 s against 314 s; docs/architecture.md)."""
     max_wait_ms: float = 2.0
     """How long the batcher waits for more requests after the first one arrives."""

@@ -29,7 +29,7 @@ from pipeline.stage import Stage, build_stage
 from stages import envs
 from stages.envs import EnvSuite, Task
 from stages.gate_stage import GateStage
-from stages.policy import POLICIES, Policy
+from stages.policy import POLICIES, Policy, backend_auto_workers
 
 from .decoding_pool import WorkerPoolPolicy
 from .launch import Launcher, LocalLauncher
@@ -60,15 +60,17 @@ def build_policy(cfg: RunConfig, suite: EnvSuite, *, warm_start: bool = True, wo
 
 
 def decoding_workers(cfg: RunConfig) -> int:
-    """`policy.workers`, with "auto" resolved: from the cores this process may use, or on Ray (joined: inside
-    `cluster(cfg)`) from how many `[placement.decoder]` bundles the cluster holds."""
+    """`policy.workers`, with "auto" resolved: on Ray (joined: inside `cluster(cfg)`) from how many
+    `[placement.decoder]` bundles the cluster holds; else what the backend fixes (vllm: 1), or from the cores
+    this process may use."""
     if cfg.policy.workers != "auto":
         return cfg.policy.workers
     if cfg.placement.launcher == "ray":
         from .ray_launch import auto_decoders
 
         return auto_decoders(cfg)
-    return auto_workers(available_cores())
+    fixed = backend_auto_workers(cfg.policy)
+    return auto_workers(available_cores()) if fixed is None else fixed
 
 
 def build_launcher(cfg: RunConfig) -> Launcher:

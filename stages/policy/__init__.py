@@ -45,6 +45,12 @@ def check_backend(section: PolicySection) -> list[str]:
     return problems + (check(section) if check is not None else [])
 
 
+def backend_auto_workers(section: PolicySection) -> int | None:
+    """The decoding workers `policy.workers = "auto"` makes with this section's backend, when the backend
+    fixes it (`PolicyBackend.auto_workers`); None: count the cores."""
+    return getattr(POLICIES.get(section.backend), "auto_workers", None)  # optional, as `check` is above
+
+
 __all__ = [
     "POLICIES",
     "ActResult",
@@ -54,5 +60,6 @@ __all__ = [
     "PolicyHooks",
     "PolicyStopped",
     "TrainableModel",
+    "backend_auto_workers",
     "check_backend",
 ]

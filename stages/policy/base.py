@@ -166,6 +166,11 @@ class PolicyBackend(Protocol):
     """Optional: the strict Struct `policy.options` decodes into (`pipeline.plugins.option_problems` lists
     each unknown, mistyped or out-of-range key); absent or None, the backend takes no options."""
 
+    auto_workers: ClassVar[int | None] = None
+    """Optional: the decoding workers `policy.workers = "auto"` makes with this backend on one machine; absent
+    or None, from the cores (`pipeline.devices.auto_workers`). vllm: 1, since its engine batches every
+    request of the run itself and a second engine on the same device would claim the memory the first holds."""
+
     def __call__(self, section: PolicySection, pretrain: PretrainSection, suite: EnvSuite, *, seed: int) -> Policy:
         """The backend's policy for `suite`, warm-started from `pretrain` if the backend does that."""
         ...

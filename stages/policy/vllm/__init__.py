@@ -148,6 +148,7 @@ def vllm_backend(cfg: PolicySection, pretrain: PretrainSection, suite: EnvSuite,
 
 vllm_backend.Options = VllmOptions  # type: ignore[attr-defined]  # `PolicyBackend.Options`
 vllm_backend.check = check  # type: ignore[attr-defined]  # `PolicyBackend.check`
+vllm_backend.auto_workers = 1  # type: ignore[attr-defined]  # `PolicyBackend.auto_workers`: one engine batches all
 
 
 def _make_model_parser() -> Any:

@@ -136,14 +136,15 @@ class VllmPolicy(PolicyHooks):
     # ----------------------------------------------------------------------------------------------
     # Policy protocol
 
-    async def act(self, context: AgentContext, *, greedy: bool = False) -> ActResult:
+    async def act(self, context: AgentContext, *, greedy: bool = False, number: int | None = None) -> ActResult:
         await trio.lowlevel.checkpoint_if_cancelled()
         if not self._serving:
             raise PolicyStopped("VllmPolicy.serve() is not running")
         self._raise_failure()
-        number = self._requests
+        local = self._requests  # the engine's request id stays unique here whatever `number` a pool assigned
         self._requests += 1
-        request = _Request(f"rollcut-{number}", number, self.prompt.build(context), context.admissible, greedy)
+        number = local if number is None else number
+        request = _Request(f"rollcut-{local}", number, self.prompt.build(context), context.admissible, greedy)
         future = self._loop.submit(self._generate(request))
         self._inflight[request.request_id] = future
 

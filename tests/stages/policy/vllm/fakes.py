@@ -61,12 +61,15 @@ class FakeEngine:
     """Adapters registered with add_lora, in order."""
     request_loras: list[Any] = field(default_factory=list)
     """The lora_request of every generate call."""
+    request_ids: list[str] = field(default_factory=list)
+    """The request_id of every generate call."""
 
     async def generate(
         self, prompt: dict[str, list[int]], params: Any, request_id: str, lora_request: Any = None
     ) -> Any:
         self.params.append(params)
         self.request_loras.append(lora_request)
+        self.request_ids.append(request_id)
         self.running.add(request_id)
         if self.on_running is not None:
             self.on_running()

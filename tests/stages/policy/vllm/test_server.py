@@ -56,6 +56,19 @@ async def test_act_returns_the_engine_completion_parsed_and_stamped(loop: LoopTh
     assert policy.statistics()["completed"] == 2 and second.action == "look"
 
 
+async def test_a_pool_assigned_number_seeds_the_request_and_the_engine_id_stays_unique(loop: LoopThread) -> None:
+    engine = FakeEngine()
+    policy = make_policy(loop, engine)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(policy.serve)
+        for _ in range(2):  # two decoding workers' pools may hand out the same number: the ids must still differ
+            await policy.act(CTX, number=5)
+        await policy.act(CTX)
+        nursery.cancel_scope.cancel()
+    assert engine.params[0]["seed"] == engine.params[1]["seed"] != engine.params[2]["seed"]  # the number names the stream
+    assert len(set(engine.request_ids)) == 3
+
+
 async def test_cancelled_act_aborts_its_engine_request(loop: LoopThread) -> None:
     engine = FakeEngine(block=True)
     engine.abort_seen = loop.run(_event())
