@@ -40,9 +40,9 @@ import contextlib
 import os
 import secrets
 import sys
+import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import msgspec
@@ -92,14 +92,44 @@ async def joined(placement: PlacementSection) -> AsyncIterator[None]:
     if ray.is_initialized():
         yield
         return
-    await trio.to_thread.run_sync(partial(ray.init, **init_options(placement)))
+    owner = _RayOwner(init_options(placement))
+    owner.start()
+    await trio.to_thread.run_sync(owner.ready.wait)
+    if owner.error is not None:
+        raise owner.error
     log.info("ray.joined", address=placement.address or "(started for this run)", nodes=len(ray.nodes()),
              resources=ray.cluster_resources())
     try:
         yield
     finally:
+        owner.release.set()
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(ray.shutdown)
+            await trio.to_thread.run_sync(owner.join)
+
+
+class _RayOwner(threading.Thread):
+    """The thread that joins Ray (`ray.init`), stays until the run releases it, then leaves (`ray.shutdown`).
+
+    A Ray started here (`placement.address = ""`) runs its head processes with PR_SET_PDEATHSIG, which Linux
+    ties to the *thread* that forked them: started from a Trio worker thread, which exits after 10 idle
+    seconds, the head would be killed mid-run (GCS gone, every process of the cluster terminating)."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        super().__init__(name="rollcut-ray", daemon=True)
+        self.options = options
+        self.ready, self.release = threading.Event(), threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            ray.init(**self.options)
+        except BaseException as exc:  # handed to the coordinator, which raises it (a thread has no one to raise to)
+            self.error = exc
+            return
+        finally:
+            self.ready.set()
+        self.release.wait()
+        ray.shutdown()
 
 
 def init_options(placement: PlacementSection) -> dict[str, Any]:

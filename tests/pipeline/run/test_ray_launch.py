@@ -1,6 +1,12 @@
-"""`policy.workers = "auto"` on Ray: the decoders the cluster's resources hold (no cluster needed)."""
+"""`policy.workers = "auto"` on Ray: the decoders the cluster's resources hold (no cluster needed); and a Ray
+the run starts for itself outlives the thread that started it."""
+
+import os
+import threading
+from pathlib import Path
 
 import pytest
+import trio
 
 ray = pytest.importorskip("ray")
 
@@ -37,3 +43,44 @@ def test_the_scarcest_resource_of_a_decoder_decides(cluster_of):
     assert ray_launch.auto_decoders(_cfg("placement.decoder={num_cpus = 1, resources = {decoder_node = 1}}")) == 3
     cluster_of(CPU=1.0)
     assert ray_launch.auto_decoders(_cfg()) == 1  # at least one
+
+
+def _children(*names: str) -> list[int]:
+    """Pids of this process's children whose command is one of `names`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                comm, _, rest = (entry / "stat").read_text().partition(") ")
+            except OSError:  # gone meanwhile
+                continue
+            if comm.partition(" (")[2] in names and int(rest.split()[1]) == os.getpid():
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running, not killed (a killed child of this process stays a zombie until reaped)."""
+    try:
+        return (Path("/proc", str(pid), "stat")).read_text().partition(") ")[2][0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+async def test_a_ray_started_for_the_run_outlives_the_thread_that_started_it(monkeypatch):
+    """Ray's head processes die with the *thread* that forked them (PR_SET_PDEATHSIG): started from a Trio
+    worker thread, which leaves after 10 idle seconds, the head would be killed mid-run."""
+    if ray.is_initialized():
+        pytest.skip("this process has joined a Ray cluster already")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    monkeypatch.setattr(trio._core._thread_cache, "IDLE_TIMEOUT", 0.01)  # idle worker threads leave at once
+    async with ray_launch.joined(load_config(None, ['placement.launcher="ray"']).placement):
+        head = _children("gcs_server", "raylet")
+        assert len(head) == 2
+        with trio.move_on_after(10):  # an OS thread's exit has no event to wait on: look every 50 ms
+            while any(t.name.startswith("Trio thread") for t in threading.enumerate()):  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        assert all(_alive(pid) for pid in head)
+    assert not ray.is_initialized()
