@@ -28,6 +28,10 @@ from .build import build_backend, build_suite
 from .decoding_pool import deserialise_weights
 from .launch import ChildSpec
 
+CLOSE_S = 4.0
+"""How long a stopping worker waits for its backend's `close()` (vllm: the engine's shutdown), inside the
+5 s its parent (a child process) or `ray_launch.STOP_GRACE_S` (an actor) gives it before killing it."""
+
 
 async def _answer(policy: Policy, request: ActRequest, index: int, scope: trio.CancelScope,
                   replies: trio.MemorySendChannel[WorkerOutbox]) -> None:
@@ -50,9 +54,18 @@ async def serve_decoder(spec: ChildSpec, keys: CurveKeys | None) -> None:
     `LoadWeights` from the pool, so no warm start runs here), serves `ActRequest`s from its inbox (PULL,
     connected) as concurrent `act()` calls that the backend batches, and pushes `ActReply`s to the pool's
     outbox. An `AbandonRequest` cancels the waiting call. Its sockets are sealed with the pool's secret, or
-    (on Ray) use CURVE with its own `keys`, expecting the pool's `spec.server_key`."""
+    (on Ray) use CURVE with its own `keys`, expecting the pool's `spec.server_key`. However it stops, it
+    closes the backend (`PolicyHooks.close`: vllm shuts its engine down) before it returns."""
     cfg = spec.config
     policy = build_backend(cfg, build_suite(cfg), warm_start=False)
+    try:
+        await _serve(policy, spec, keys)
+    finally:
+        with trio.move_on_after(CLOSE_S, shield=True):  # stopped (cancelled) or failed: release it all the same
+            await trio.to_thread.run_sync(policy.close, abandon_on_cancel=True)
+
+
+async def _serve(policy: Policy, spec: ChildSpec, keys: CurveKeys | None) -> None:
     replies, outgoing = trio.open_memory_channel[WorkerOutbox](4096)
     scopes: dict[int, trio.CancelScope] = {}
     async with open_context(secret=spec.secret, keys=keys) as zmq, trio.open_nursery() as nursery:

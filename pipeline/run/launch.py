@@ -8,7 +8,8 @@ deleted by the child: the secret never appears on a command line, and nothing is
 
 * ready: the child says so with `StageReady` on the socket its role reports on; the parent's reader of that
   socket calls `Child.ready.set()`, and `launch` returns to its `nursery.start` only then;
-* stop: cancelling `launch` stops the child (SIGTERM, then SIGKILL after 5 s) and waits for it;
+* stop: cancelling `launch` stops the child (SIGTERM, which cancels its role so that its cleanup runs; SIGKILL
+  after 5 s) and waits for it;
 * death: a child that exits by itself sets `Child.ended` and fails the run with `ChildExited` naming it;
 * orphans: a child watches its parent and exits when the parent is gone.
 
@@ -245,9 +246,19 @@ async def serve_role(spec: ChildSpec, keys: CurveKeys | None) -> None:
     await getattr(importlib.import_module(module), name)(spec, keys)
 
 
+async def stop_on_sigterm(cancel: trio.CancelScope) -> None:
+    """The parent's stop (SIGTERM) cancels the role, so that its `finally` blocks run: a decoder closes its
+    backend (vllm: the engine and its processes). The parent's SIGKILL 5 s later stays the backstop."""
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            cancel.cancel()
+            return
+
+
 async def _serve(spec: ChildSpec) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch_parent, spec.parent, nursery.cancel_scope)
+        nursery.start_soon(stop_on_sigterm, nursery.cancel_scope)
         await serve_role(spec, None)
         nursery.cancel_scope.cancel()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 
+import msgspec
 import pytest
 import torch
 import trio
@@ -16,6 +17,7 @@ from pipeline.run.checks import load
 from pipeline.run.decoding_pool import WorkerPoolPolicy
 from pipeline.run.launch import ChildExited
 from stages.policy.base import AgentContext
+from tests.pipeline.run.closing_backend import CLOSED_DIR
 
 OVERRIDES = [
     "env.max_steps=8",
@@ -127,6 +129,27 @@ def test_the_profile_has_a_policy_row_with_the_workers_cpu(setup):
     assert 0 < row.busy_pct <= 100
     assert row.cpu_pct > 0  # the worker processes' CPU, not this process's
     assert report.process_cpu_pct is not None and report.process_cpu_pct >= row.cpu_pct
+
+@pytest.mark.slow
+def test_a_stopped_worker_closes_its_backend(setup, tmp_path, monkeypatch):
+    """Stopping the pool SIGTERMs its workers; each cancels its role and closes its backend (vllm: the engine and
+    its processes) before it exits, instead of dying with them still running."""
+    cfg, suite, contexts = setup
+    monkeypatch.setenv(CLOSED_DIR, str(tmp_path))
+    cfg = msgspec.structs.replace(cfg, policy=msgspec.structs.replace(
+        cfg.policy, backend="tests.pipeline.run.closing_backend:closing_backend"))
+    pool = build_policy(cfg, suite, workers=2)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.serve)
+            await _answers_live(pool, contexts[:2])
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    closed = sorted(path.name for path in tmp_path.iterdir())
+    assert len(closed) == 2 and f"closed-{os.getpid()}" not in closed  # the two workers', not this process's
+
 
 @pytest.mark.slow
 def test_a_dead_worker_stops_the_pool_with_its_name(setup):

@@ -1,11 +1,14 @@
 """The one launcher: what a child is given survives the file it travels in, as data only, and stays private."""
 
 import os
+import signal
 import stat
 
 import msgspec
 import pytest
 import torch
+import trio
+import trio.testing
 
 from pipeline.config import load_config
 from pipeline.run import child_reports, launch
@@ -43,3 +46,17 @@ def test_every_role_names_a_serve_function_of_the_run():
         module, _, name = target.partition(":")
         assert module.startswith("pipeline.run."), role
         assert callable(getattr(importlib.import_module(module), name)), role
+
+
+async def test_sigterm_cancels_the_role_so_that_its_cleanup_runs():
+    """What the parent's stop does to a child: its role is cancelled (its `finally` runs), not killed mid-way."""
+    cleaned = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(launch.stop_on_sigterm, nursery.cancel_scope)
+        await trio.testing.wait_all_tasks_blocked()  # the receiver is installed
+        os.kill(os.getpid(), signal.SIGTERM)
+        try:
+            await trio.sleep_forever()
+        finally:
+            cleaned.append(True)
+    assert cleaned
