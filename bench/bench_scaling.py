@@ -55,7 +55,7 @@ def arm(cfg: Any, suite: Any, launcher: str, decoders: int, seed: int, run_dir: 
     cfg = msgspec.structs.replace(cfg, run=msgspec.structs.replace(cfg.run, seed=seed),
                                   placement=msgspec.structs.replace(cfg.placement, launcher="ray" if launcher == "ray" else "local"))
     local = build_backend(cfg, suite)  # the cached warm start: every arm starts from the same weights
-    policy = WorkerPoolPolicy(local, cfg, workers=decoders, weights=local.trainable().state_dict(), launcher=build_launcher(cfg))
+    policy = WorkerPoolPolicy(local.trainable, cfg, workers=decoders, launcher=build_launcher(cfg))
     tasks = list(suite.tasks("train"))[: cfg.env.train_tasks]
     cpu, wall = time.process_time(), time.perf_counter()
     outcome = trio.run(lambda: pipeline_run(cfg, policy, suite, tasks, run_dir))

@@ -11,7 +11,8 @@ apart from the warm start of `build_backend`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -23,13 +24,13 @@ from gates.base import Gate
 from learner.losses import LOSSES
 from learner.stage import LearnerStage, ReportSink
 from learner.trainer import Trainer
-from pipeline.config import RunConfig
+from pipeline.config import PretrainSection, RunConfig
 from pipeline.devices import auto_workers, available_cores
 from pipeline.stage import Stage, build_stage
 from stages import envs
 from stages.envs import EnvSuite, Task
 from stages.gate_stage import GateStage
-from stages.policy import POLICIES, Policy, backend_auto_workers
+from stages.policy import POLICIES, Policy, TrainableModel, backend_auto_workers
 
 from .decoding_pool import WorkerPoolPolicy
 from .launch import Launcher, LocalLauncher
@@ -42,21 +43,34 @@ def build_suite(cfg: RunConfig) -> EnvSuite:
 def build_backend(cfg: RunConfig, suite: EnvSuite, *, warm_start: bool = True) -> Policy:
     """The configured policy backend in this process (`warm_start` False: its untrained weights, for a
     process that loads the run's weights next: a resumed run, a learner or decoding child)."""
-    pretrain = cfg.pretrain if warm_start else msgspec.structs.replace(cfg.pretrain, enabled=False)
-    return POLICIES.get(cfg.policy.backend)(cfg.policy, pretrain, suite, seed=cfg.run.seed)
+    return POLICIES.get(cfg.policy.backend)(cfg.policy, _pretrain(cfg, warm_start), suite, seed=cfg.run.seed)
+
+
+def trainable_source(cfg: RunConfig, suite: EnvSuite, *, warm_start: bool = True) -> Callable[[], TrainableModel]:
+    """Fresh trainable copies of the run's model, for the coordinator of a pool of decoders: the backend's
+    `trainable` hook when it has one (vllm: no engine starts here), else the backend built here (torch_tiny:
+    with its warm start) and its policy's `trainable()`."""
+    hook = getattr(POLICIES.get(cfg.policy.backend), "trainable", None)  # optional (`PolicyBackend.trainable`)
+    if hook is not None:
+        return partial(hook, cfg.policy, _pretrain(cfg, warm_start), suite, seed=cfg.run.seed)
+    return build_backend(cfg, suite, warm_start=warm_start).trainable
+
+
+def _pretrain(cfg: RunConfig, warm_start: bool) -> PretrainSection:
+    return cfg.pretrain if warm_start else msgspec.structs.replace(cfg.pretrain, enabled=False)
 
 
 def build_policy(cfg: RunConfig, suite: EnvSuite, *, warm_start: bool = True, workers: int | None = None) -> Policy:
     """The run's policy: the backend, behind a pool of decoding workers when `policy.workers` (or `workers`)
     > 1, or on Ray whenever the caller did not ask for `workers` (`decoding_pool.py`; each worker builds its
-    backend with `build_backend`: `decoding_worker.py`). `workers=1`: this process decodes, wherever the
-    run's decoders are."""
-    local = build_backend(cfg, suite, warm_start=warm_start)
+    backend with `build_backend`: `decoding_worker.py`; this process keeps only what it trains,
+    `trainable_source`). `workers=1`: this process decodes, wherever the run's decoders are."""
     on_ray = cfg.placement.launcher == "ray" and workers is None
     workers = decoding_workers(cfg) if workers is None else workers
     if workers <= 1 and not on_ray:
-        return local
-    return WorkerPoolPolicy(local, cfg, workers=workers, weights=local.trainable().state_dict(), launcher=build_launcher(cfg))
+        return build_backend(cfg, suite, warm_start=warm_start)
+    return WorkerPoolPolicy(trainable_source(cfg, suite, warm_start=warm_start), cfg, workers=workers,
+                            launcher=build_launcher(cfg))
 
 
 def decoding_workers(cfg: RunConfig) -> int:

@@ -12,7 +12,8 @@ the learner do not know whether decoding is local or not:
   `AbandonRequest`; the worker drops the request if its batch has not started.
 * `load_weights()` serialises the state once (`pipeline.tensors`, no pickle) and sends it to every worker
   (applied between batches; each reply carries the version that produced it).
-* `trainable()` is the local copy's (the learner trains in this process).
+* `trainable()` is a copy made here (the learner trains in this process; `build.trainable_source`: for vllm
+  a `transformers` model, no engine).
 * `attach_profiler()` gives the run's profile a `policy` row although decoding runs elsewhere: busy while
   any request is in flight (a wall span in this process), the workers' CPU (each worker process bound to
   the stage), replies per second and the round-trip latency of a request.
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -52,7 +53,7 @@ from pipeline.messages import (
 )
 from pipeline.profiling import Profiler
 from pipeline.transport import Context, open_context
-from stages.policy.base import ActResult, AgentContext, Policy, PolicyHooks, PolicyStopped, TrainableModel
+from stages.policy.base import ActResult, AgentContext, PolicyHooks, PolicyStopped, TrainableModel
 
 from .launch import Child, Launcher, LocalLauncher, child_spec
 
@@ -96,8 +97,10 @@ def deserialise_weights(blob: bytes) -> dict[str, torch.Tensor]:
 class WorkerPoolPolicy(PolicyHooks):
     """Implements `stages.policy.base.Policy` over `workers` decoding processes."""
 
-    def __init__(self, local: Policy, cfg: RunConfig, *, workers: int, weights: Mapping[str, Any],
+    def __init__(self, trainable: Callable[[], TrainableModel], cfg: RunConfig, *, workers: int,
                  launcher: Launcher | None = None) -> None:
+        """`trainable` makes a fresh copy of the run's model here (`build.trainable_source`); its weights are
+        what every worker loads first."""
         if workers < 1:
             raise ValueError("a worker pool needs at least one worker")
         self._launcher = launcher or LocalLauncher()
@@ -105,11 +108,11 @@ class WorkerPoolPolicy(PolicyHooks):
         self.address = ""
         """Where the workers send their replies (while serving; logged with `policy.workers_ready`)."""
         self._dropped: dict[str, dict[str, int]] = {}
-        self.version = local.version
+        self.version = 0
         self.workers = workers
-        self._local = local
+        self._trainable = trainable
         self._cfg = cfg
-        self._weights = serialise_weights(weights)
+        self._weights = serialise_weights(trainable().state_dict())
         self._inboxes: list[trio.MemorySendChannel[WorkerInbox]] = []
         self._outstanding = [0] * workers
         self._pending: dict[int, _Pending] = {}
@@ -171,7 +174,7 @@ class WorkerPoolPolicy(PolicyHooks):
             self._post(worker, LoadWeights(version=version, weights=self._weights))
 
     def trainable(self) -> TrainableModel:
-        return self._local.trainable()
+        return self._trainable()
 
     def attach_profiler(self, profiler: Profiler) -> None:
         """Record decoding as the `policy` stage: in-flight requests as its busy time, the worker processes'

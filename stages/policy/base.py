@@ -175,6 +175,13 @@ class PolicyBackend(Protocol):
         """The backend's policy for `suite`, warm-started from `pretrain` if the backend does that."""
         ...
 
+    def trainable(self, section: PolicySection, pretrain: PretrainSection, suite: EnvSuite, *, seed: int) -> TrainableModel:
+        """Optional: the model to train alone, with nothing served, for a run whose decoding happens in worker
+        processes or Ray actors (`pipeline/run/build.py`: the coordinator trains, the workers serve). vllm: the
+        model directory as a `transformers` model, so that no engine starts where nothing decodes. Absent, the
+        run builds the backend and takes its policy's `trainable()` (torch_tiny: after its warm start)."""
+        ...
+
     def check(self, section: PolicySection) -> list[str]:
         """Optional: every problem of `section` only the backend knows (vllm: its install, the model
         directory; options that do not fit the rest of the section), as readable lines. Called after the

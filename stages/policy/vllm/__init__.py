@@ -25,6 +25,7 @@ from stages.policy.base import decode_backend_options
 if TYPE_CHECKING:
     from pipeline.config import PolicySection, PretrainSection
     from stages.envs.base import EnvSuite
+    from stages.policy.base import TrainableModel
 
     from ._lora import LoraSettings
     from ._server import VllmPolicy
@@ -146,8 +147,22 @@ def vllm_backend(cfg: PolicySection, pretrain: PretrainSection, suite: EnvSuite,
     return start_engine(cfg, opts, seed=seed)
 
 
+def trainable(cfg: PolicySection, pretrain: PretrainSection, suite: EnvSuite, *, seed: int) -> TrainableModel:
+    """The served model as a `transformers` model (its LoRA adapter when `lora_rank` > 0), with no engine: the
+    registered backend's `PolicyBackend.trainable`, for a coordinator whose decoders (worker processes, Ray
+    actors) each start their own engine."""
+    problems = plugins.option_problems(vllm_backend, cfg.options, "policy.options", "policy backend 'vllm'") + check(cfg)
+    if problems:
+        raise ValueError("; ".join(problems))
+    from ._learner import CausalLMTrainable
+
+    opts = decode_options(cfg.options, cfg.max_new_tokens)
+    return CausalLMTrainable.load(cfg.model, temperature=cfg.temperature, top_p=cfg.top_p, lora=opts.lora)
+
+
 vllm_backend.Options = VllmOptions  # type: ignore[attr-defined]  # `PolicyBackend.Options`
 vllm_backend.check = check  # type: ignore[attr-defined]  # `PolicyBackend.check`
+vllm_backend.trainable = trainable  # type: ignore[attr-defined]  # `PolicyBackend.trainable`
 vllm_backend.auto_workers = 1  # type: ignore[attr-defined]  # `PolicyBackend.auto_workers`: one engine batches all
 
 
