@@ -75,6 +75,8 @@ def curve_tasks(cfg: RunConfig, suite: EnvSuite) -> dict[str, list[Task]]:
 
 
 async def evaluate_heldout(policy: Policy, suite: EnvSuite, splits: dict[str, list[Task]], greedy: bool) -> dict[str, EvalReport]:
+    if not splits:  # nothing to measure (`eval.tasks = 0`): no serve, so no decoders placed (engines started) for it
+        return {}
     async with trio.open_nursery() as nursery:
         await nursery.start(policy.serve)
         reports = await evaluate_splits(policy, suite, splits, greedy=greedy)  # all splits' episodes at once

@@ -23,24 +23,14 @@ from pipeline.run.build import build_suite  # noqa: E402
 from pipeline.run.checks import load  # noqa: E402
 from pipeline.run.job import run_job  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
-from stages.policy.vllm import VllmOptions, vllm_backend  # noqa: E402
+from stages.policy.vllm import vllm_backend  # noqa: E402
 from stages.policy.vllm._learner import CausalLMTrainable  # noqa: E402
-from stages.policy.vllm._make_model import UNTRAINED, ModelShape, make_model  # noqa: E402
 from stages.policy.vllm._server import VllmPolicy  # noqa: E402
 from stages.policy.vllm._vllm_api import sampling_params  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 CTX = AgentContext("put a clean mug in cabinet 1", "You are in the kitchen. You see a mug 1.", ("take mug 1", "look"))
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("models") / "tiny-llama"
-    cfg = load_config(None, [])
-    make_model(out, build_suite(cfg), shape=ModelShape(layers=2, hidden=64, heads=2, intermediate=128),
-               bc=UNTRAINED, prompt_options=VllmOptions(), seed=0)
-    return out
 
 
 @pytest.fixture(scope="module")
