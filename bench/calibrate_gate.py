@@ -50,6 +50,7 @@ from gates.calibration import (  # noqa: E402
 from gates.combined import combine  # noqa: E402
 from pipeline.messages import GroupResult, RolloutFailed, StepEvent, TrajectoryStatus  # noqa: E402
 from pipeline.profiling import Profiler  # noqa: E402
+from pipeline.run.before_cache import weights_digest  # noqa: E402
 from pipeline.run.build import build_policy, build_suite  # noqa: E402
 from pipeline.run.checks import load  # noqa: E402
 from pipeline.rundir import configure_logging  # noqa: E402
@@ -107,14 +108,6 @@ def _record(result: GroupResult, events: list, seed: int) -> RecordedGroup:
     )
 
 
-def _weights_key(policy) -> str:
-    digest = hashlib.sha256()
-    for name, tensor in sorted(policy.trainable().state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().numpy().tobytes())
-    return digest.hexdigest()[:12]
-
-
 def _served_key(cfg) -> str | None:
     """A served model's key (a backend with a model directory, e.g. vllm): its safetensors files and the
     policy section (its prompt options shape the rollouts); known before an engine starts. None for torch_tiny."""
@@ -141,7 +134,7 @@ def collect(overrides: Sequence[str], seed: int, n_groups: int, fresh: bool, con
         blob = Path(weights.format(seed=seed)).read_bytes()  # a run's checkpoints/policy.pt: tensors only
         policy.load_weights(1, torch.load(io.BytesIO(blob), weights_only=True))
         key = "w" + hashlib.sha256(blob).hexdigest()[:11]
-    path = CACHE / f"groups-{cfg.env.name}-seed{seed}-n{n_groups}-{key or _weights_key(policy)}.msgpack"
+    path = CACHE / f"groups-{cfg.env.name}-seed{seed}-n{n_groups}-{key or weights_digest(policy.trainable())[:12]}.msgpack"
     if path.exists() and not fresh:
         print(f"  seed {seed}: cached {path}", file=sys.stderr)
         return msgspec.msgpack.decode(path.read_bytes(), type=list[RecordedGroup])
