@@ -138,26 +138,27 @@ def vllm_backend(cfg: PolicySection, pretrain: PretrainSection, suite: EnvSuite,
     """
     if not vllm_available():
         raise VllmMissing(INSTALL_HINT)
-    problems = plugins.option_problems(vllm_backend, cfg.options, "policy.options", "policy backend 'vllm'") + check(cfg)
-    if problems:
-        raise ValueError("; ".join(problems))
     from ._engine import start_engine
 
-    opts = decode_options(cfg.options, cfg.max_new_tokens)
-    return start_engine(cfg, opts, seed=seed)
+    return start_engine(cfg, _checked_options(cfg), seed=seed)
 
 
 def trainable(cfg: PolicySection, pretrain: PretrainSection, suite: EnvSuite, *, seed: int) -> TrainableModel:
     """The served model as a `transformers` model (its LoRA adapter when `lora_rank` > 0), with no engine: the
     registered backend's `PolicyBackend.trainable`, for a coordinator whose decoders (worker processes, Ray
     actors) each start their own engine."""
+    from ._learner import CausalLMTrainable
+
+    opts = _checked_options(cfg)
+    return CausalLMTrainable.load(cfg.model, temperature=cfg.temperature, top_p=cfg.top_p, lora=opts.lora)
+
+
+def _checked_options(cfg: PolicySection) -> VllmOptions:
+    """`policy.options` decoded, after every problem of the section is listed (ValueError) if there is one."""
     problems = plugins.option_problems(vllm_backend, cfg.options, "policy.options", "policy backend 'vllm'") + check(cfg)
     if problems:
         raise ValueError("; ".join(problems))
-    from ._learner import CausalLMTrainable
-
-    opts = decode_options(cfg.options, cfg.max_new_tokens)
-    return CausalLMTrainable.load(cfg.model, temperature=cfg.temperature, top_p=cfg.top_p, lora=opts.lora)
+    return decode_options(cfg.options, cfg.max_new_tokens)
 
 
 vllm_backend.Options = VllmOptions  # type: ignore[attr-defined]  # `PolicyBackend.Options`
