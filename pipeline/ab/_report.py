@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._runner import finished_summary
 from ._stats import PairedInterval, mean_sd, paired_difference, paired_ratio
 from ._timing import WALL_KEYS, load_note, loaded_flag, time_to_target
 
@@ -116,10 +117,11 @@ def curve_from(summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) ->
 
 
 def read_run(arm: str, seed: int, run_dir: Path) -> RunRecord | None:
-    """A finished run's record; None when the folder has no summary.json (not run, or not finished)."""
-    if not (run_dir / "summary.json").is_file():
+    """A finished run's record; None when the folder has no summary.json, or one of an interrupted run
+    (`finished_summary`: not run, or not finished)."""
+    summary = finished_summary(run_dir)
+    if summary is None:
         return None
-    summary = json.loads((run_dir / "summary.json").read_text())
     metrics = run_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
     curve, periodic = curve_from(summary, rows)

@@ -8,8 +8,8 @@
         report.md, report.json, *.png
 
 A run is a child process (`run.py --config configs/<arm>-s<seed>.toml`): memory, threads and torch state
-never leak from one arm into the next, and a run folder with a `summary.json` is a finished run, which
-is all resuming needs. Seeds are the outer loop, so slow drift of a shared machine hits every arm alike.
+never leak from one arm into the next, and a run folder with a `summary.json` that does not say it was
+interrupted (`finished_summary`) is a finished run, which is all resuming needs. Seeds are the outer loop, so slow drift of a shared machine hits every arm alike.
 """
 
 from __future__ import annotations
@@ -95,14 +95,25 @@ def _comparable(config_toml: str) -> dict[str, Any]:
     return data
 
 
+def finished_summary(folder: Path) -> dict[str, Any] | None:
+    """The summary of a run that ran to its end; None when the folder has no summary.json, or one of a run that
+    was stopped (`stop_reason` "interrupted": Ctrl-C or SIGTERM, e.g. a study paused as the run began)."""
+    path = folder / "summary.json"
+    if not path.is_file():
+        return None
+    summary: dict[str, Any] = json.loads(path.read_text())
+    return None if summary.get("stop_reason") == "interrupted" else summary
+
+
 def finished(ab_dir: Path, run: PlannedRun) -> bool:
-    """True when the run folder holds a summary.json written from this very config.
+    """True when the run folder holds the summary of a finished run (`finished_summary`) written from this very
+    config.
 
     Raises:
         ConfigError: the folder was finished with another config (changed arm, budget or --set).
     """
     folder = ab_dir / run.name
-    if not (folder / "summary.json").is_file():
+    if finished_summary(folder) is None:
         return False
     written = folder / "config.toml"
     if not written.is_file() or _comparable(written.read_text()) != _comparable(run.config_toml):
@@ -144,10 +155,10 @@ def to_redo(folder: Path, redo_loaded: int) -> bool:
     """A finished run the machine's load flagged (`machine_loaded`: other processes took CPU from it) that has
     been run fewer than `redo_loaded` times again: its wall clock, and under a wall budget what it learned,
     are not the arm's. The rule reads the load alone, never a result."""
-    summary = folder / "summary.json"
-    if redo_loaded <= 0 or not summary.is_file():
+    summary = finished_summary(folder)
+    if redo_loaded <= 0 or summary is None:
         return False
-    return json.loads(summary.read_text()).get("machine_loaded") is True and set_aside_count(folder, "loaded") < redo_loaded
+    return summary.get("machine_loaded") is True and set_aside_count(folder, "loaded") < redo_loaded
 
 
 @dataclass(frozen=True)

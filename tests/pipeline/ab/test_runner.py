@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from pipeline.ab import main
+from pipeline.ab import main, write_report
 from pipeline.ab._presets import find_presets
 from pipeline.ab._runner import interleave, plan_study
 from pipeline.config import load_config
@@ -96,6 +96,22 @@ def test_an_unfinished_run_is_set_aside_and_rerun_alone(study):
     assert ran() == ["gated-s1"]
     assert (ab_dir / "gated-s1.unfinished-1" / "config.toml").exists()
     assert (ab_dir / "gated-s1" / "summary.json").exists()
+
+
+def test_an_interrupted_run_that_wrote_its_summary_is_rerun_and_left_out_of_the_report(study):
+    """A run stopped by SIGTERM or Ctrl-C writes a summary.json too (stop_reason "interrupted"): a study paused
+    as a run began must run it again, not keep it as finished."""
+    run, ran, ab_dir = study
+    assert run() == 0
+    ran()
+    summary = ab_dir / "gated-s1" / "summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "stop_reason": "interrupted"}))
+    assert "gated-s1" in {f"{m['arm']}-s{m['seed']}" for m in write_report(ab_dir)["missing"]}
+    assert run() == 0
+    assert ran() == ["gated-s1"]
+    assert (ab_dir / "gated-s1.unfinished-1" / "summary.json").exists()
+    assert json.loads(summary.read_text())["stop_reason"] == "updates"
+    assert json.loads((ab_dir / "report.json").read_text())["missing"] == []
 
 
 def test_a_run_the_load_flagged_is_redone_at_most_n_times_and_set_aside(study, monkeypatch, capsys):
