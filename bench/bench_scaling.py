@@ -9,7 +9,9 @@ and `ray` (actors on a Ray instance started on this machine for the bench: one n
 pool also at N = 1, so both launchers pay the same hop), in an order that alternates the launchers so that
 machine noise hits both alike. Per arm it records env-steps/s, trajectory slot occupancy, this process's CPU
 share (the coordinator: admission, rollout stage, gate and learner stages; the learner's update thread
-included), and the act() round trip (request to reply, p50 / p99).
+included), the act() round trip (request to reply, p50 / p99), the learner's busy share, the event loop's lag
+and the seconds the phase took to start (decoders and stages) before admission began. Rates and occupancy
+are taken over the rollout window, after that start (`GrpoOutcome.rollout_wall_s`).
 
 Prints each arm as it ends, then a table per N (mean and range over the seeds, Ray / processes ratio), and
 writes `DIR/scaling.json` (every arm) and `DIR/scaling.md` (the table, the command, the machine, its load
@@ -58,15 +60,25 @@ def arm(cfg: Any, suite: Any, launcher: str, decoders: int, seed: int, run_dir: 
     policy = WorkerPoolPolicy(local.trainable, cfg, workers=decoders, launcher=build_launcher(cfg))
     tasks = list(suite.tasks("train"))[: cfg.env.train_tasks]
     cpu, wall = time.process_time(), time.perf_counter()
-    outcome = trio.run(lambda: pipeline_run(cfg, policy, suite, tasks, run_dir))
+    outcome = trio.run(lambda: pipeline_run(cfg, policy, suite, tasks, run_dir, profile=True))
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     stats = policy.statistics()
     policy.close()
     return {"launcher": launcher, "decoders": decoders, "seed": seed, "env_steps": outcome.env_steps,
-            "grpo_wall_s": outcome.wall_s, "env_steps_per_s": outcome.env_steps / outcome.wall_s,
-            "trajectory_slot_occupancy": outcome.trajectory_slot_occupancy, "updates": outcome.updates,
+            "grpo_wall_s": outcome.wall_s, "start_s": outcome.wall_s - outcome.rollout_wall_s,
+            "env_steps_per_s": outcome.env_steps / outcome.rollout_wall_s,  # after the decoders started
+            "trajectory_slot_occupancy": outcome.trajectory_slot_occupancy, "slot_occupancy": outcome.slot_occupancy,
+            "updates": outcome.updates, "loop_lag_p99_ms": outcome.loop_lag_p99_ms(), **_stage_figures(run_dir),
             "coordinator_cpu": cpu / wall, "round_trip_p50_ms": _ms(stats.round_trip_p50_s),
             "round_trip_p99_ms": _ms(stats.round_trip_p99_s)}
+
+
+def _stage_figures(run_dir: Path) -> dict[str, float | None]:
+    """From the arm's profile (this process's view): the learner's and the decoders' busy share, and the
+    coordinator CPU no stage span accounts for."""
+    rows = {r["stage"]: r for r in json.loads((run_dir / "profile_table.json").read_text())["rows"]}
+    return {"learner_busy": rows.get("learner", {}).get("busy_pct"), "policy_busy": rows.get("policy", {}).get("busy_pct"),
+            "unattributed_cpu": rows.get("(unattributed)", {}).get("cpu_pct")}
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -87,7 +99,8 @@ def table(rows: list[dict[str, Any]], decoders: list[int], launchers: tuple[str,
         return f"{statistics.mean(rate) / statistics.mean(base):.2f}x" if rate and base else "-"
 
     lines = [f"| N | launcher | env-steps/s | vs processes | vs N={decoders[0]} | trajectory slot occupancy | coordinator CPU "
-             "| act() p50 / p99 ms |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "| act() p50 / p99 ms | updates | learner busy | loop lag p99 ms | start s |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for n in decoders:
         for launcher in launchers:
             rate = figure(n, launcher, "env_steps_per_s")
@@ -96,7 +109,9 @@ def table(rows: list[dict[str, Any]], decoders: list[int], launchers: tuple[str,
                          f"| {ratio(rate, figure(decoders[0], launcher, 'env_steps_per_s'))} | "
                          f"{cell(figure(n, launcher, 'trajectory_slot_occupancy'), '.2f')} | "
                          f"{cell([100 * c for c in figure(n, launcher, 'coordinator_cpu')], '.0f')} % | "
-                         f"{cell(p50, '.1f')} / {cell(p99, '.1f')} |")
+                         f"{cell(p50, '.1f')} / {cell(p99, '.1f')} | {cell(figure(n, launcher, 'updates'), '.0f')} | "
+                         f"{cell(figure(n, launcher, 'learner_busy'), '.0f')} % | {cell(figure(n, launcher, 'loop_lag_p99_ms'), '.1f')} | "
+                         f"{cell(figure(n, launcher, 'start_s'), '.1f')} |")
     return "\n".join(lines)
 
 

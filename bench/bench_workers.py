@@ -67,11 +67,12 @@ def main() -> None:
                 run_dir.mkdir()
                 outcome = trio.run(lambda: pipeline_run(cfg, policy, suite, tasks, run_dir, profile=args.out is not None))  # noqa: B023
                 policy.close()  # the pool's worker processes (`PolicyHooks.close`)
-                rates[workers].append(outcome.env_steps / outcome.wall_s)
+                rates[workers].append(outcome.env_steps / outcome.rollout_wall_s)  # after the decoders started
                 updates[workers].append(outcome.updates)
                 occupancy[workers].append(outcome.trajectory_slot_occupancy)
                 print(f"round {r + 1}: {workers:2d} decoding worker(s): {rates[workers][-1]:7.1f} env-steps/s "
-                      f"({outcome.env_steps} steps, {outcome.updates} updates, trajectory slot occupancy "
+                      f"({outcome.env_steps} steps, {outcome.updates} updates, decoders started in "
+                      f"{outcome.wall_s - outcome.rollout_wall_s:.1f} s, trajectory slot occupancy "
                       f"{outcome.trajectory_slot_occupancy:.2f})", flush=True)
                 if args.out is not None:
                     _keep_profile(run_dir, args.out / f"w{workers}")

@@ -82,6 +82,9 @@ class PhaseCounters:
     items_trained: int = 0
     lag_sum: float = 0.0
     eval_s: float = 0.0
+    start_s: float = 0.0
+    """GRPO wall seconds before admission began (the policy's decoders and the stages starting), resumes included:
+    the rollout window (`Phase.rollout_wall_s`) is the GRPO wall less this."""
     evaluations: list[dict[str, Any]] = field(default_factory=list)
     loop_lag: LogHistogram = field(default_factory=LogHistogram)
     """Loop-lag samples (seconds) in constant memory."""

@@ -65,6 +65,8 @@ log = structlog.get_logger(__name__)
 class GrpoOutcome:
     stop_reason: str
     wall_s: float
+    rollout_wall_s: float
+    """`wall_s` less the phase's start (decoders, stages) before admission began (`Phase.rollout_wall_s`)."""
     updates: int
     counters: PhaseCounters
     lifecycle: GroupLifecycle
@@ -142,6 +144,7 @@ async def run_grpo(
                 await _start_stages(work, w, zmq, ctx, reached, nursery)
                 await work.start(w.recorder.consume, w.stages.reports, evals)
                 await work.start(phase.lifecycle.run, w.rollout)
+                phase.admission_began()
                 if stop is not None:
                     work.start_soon(set_on, stop, phase.done)
                 if progress is not None:
@@ -225,11 +228,11 @@ async def _until_done(w: _Wiring, stop: trio.Event | None) -> GrpoOutcome:
     elif deadline.cancelled_caught:
         stop_reason = "max_wall_s"
         log.warning("grpo.wall_limit", max_wall_s=cfg.run.max_wall_s, updates=phase.version)
-    wall = phase.wall_s()
+    wall, window = phase.wall_s(), phase.rollout_wall_s()
     return GrpoOutcome(
-        stop_reason=stop_reason, wall_s=wall, updates=phase.version, counters=phase.counters, lifecycle=phase.lifecycle,
+        stop_reason=stop_reason, wall_s=wall, rollout_wall_s=window, updates=phase.version, counters=phase.counters, lifecycle=phase.lifecycle,
         rollout=w.rollout, gate=phase.gate, allocator=phase.allocator, slot_occupancy=phase.slots.occupancy(),
-        trajectory_slot_occupancy=w.rollout.trajectory_seconds / (cfg.rollout.slots * wall) if wall > 0 else float("nan"),
+        trajectory_slot_occupancy=w.rollout.trajectory_seconds / (cfg.rollout.slots * window) if window > 0 else float("nan"),
     )
 
 

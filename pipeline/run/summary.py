@@ -74,6 +74,7 @@ def summary(
         "profiler_overhead_pct": profiler_overhead_pct,
         "warm_start_s": warm_start_s,
         "grpo_wall_s": outcome.wall_s,
+        "grpo_start_s": outcome.counters.start_s,
         "wall_s": wall_s,
         "allocator_stats": alloc,
         "peak_rss_mb": peak_rss_mb(),

@@ -54,6 +54,14 @@ class Phase:
     def wall_s(self) -> float:
         return trio.current_time() - self.started + self.counters.resumed_wall_s
 
+    def rollout_wall_s(self) -> float:
+        """The GRPO wall since admission began (resumes included): what rates and occupancy are taken over, so
+        that starting the decoders (seconds for 8 processes importing torch) is not read as idle slots."""
+        return self.wall_s() - self.counters.start_s
+
+    def admission_began(self) -> None:
+        self.counters.start_s += trio.current_time() - self.started
+
     def generated_tokens(self) -> int | None:
         """Tokens the policy generated in this phase so far (since a resume: in this process)."""
         now = getattr(self.policy.statistics(), "generated_tokens", None)
@@ -126,8 +134,8 @@ def metrics_row(report: LearnerReport, phase: Phase) -> dict[str, Any]:
         "loop_lag_p99_ms": counters.loop_lag_p99_ms(),
     }
     row |= dict(report.stats)
-    elapsed = now - phase.started
-    row["trajectory_slot_occupancy"] = rollout.trajectory_seconds / (phase.slots.total * elapsed) if elapsed > 0 else None
+    window = phase.rollout_wall_s()
+    row["trajectory_slot_occupancy"] = rollout.trajectory_seconds / (phase.slots.total * window) if window > 0 else None
     row |= dict(phase.allocator.statistics())
     if phase.gate is not None:
         row |= dict(phase.gate.statistics())

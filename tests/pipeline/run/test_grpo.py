@@ -1,0 +1,48 @@
+"""The GRPO phase's own figures: rates and occupancy over the rollout window, not the decoders' start."""
+
+import pytest
+import trio
+
+from pipeline.profiling import Profiler
+from pipeline.run.build import build_allocator, build_policy, build_suite, build_trainer
+from pipeline.run.checks import load
+from pipeline.run.grpo import run_grpo
+from pipeline.rundir import MetricsWriter
+
+START_S = 3.0
+WINDOW_S = 4.0
+
+
+class _SlowToServe:
+    """The policy, but `serve` takes START_S before it answers (as 8 decoding processes importing torch do)."""
+
+    def __init__(self, policy):
+        self._policy = policy
+
+    def __getattr__(self, name):
+        return getattr(self._policy, name)
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED):
+        await trio.sleep(START_S)
+        await self._policy.serve(task_status=task_status)
+
+
+def test_occupancy_is_taken_after_the_policy_started(tmp_path):
+    cfg = load(None, ["pretrain.enabled=false", "eval.tasks=0", "run.updates=1000", f"run.max_wall_s={WINDOW_S}",
+                      "run.progress=false", "policy.workers=1", "rollout.slots=16", "rollout.group_size=4"])
+    suite = build_suite(cfg)
+    tasks = list(suite.tasks("train"))[: cfg.env.train_tasks]
+    policy = _SlowToServe(build_policy(cfg, suite, warm_start=False))
+    metrics = MetricsWriter(tmp_path)
+    outcome = trio.run(lambda: run_grpo(
+        cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in tasks}, allocator=build_allocator(cfg, tasks),
+        trainer=build_trainer(cfg, policy.trainable()), run_dir=tmp_path, profiler=Profiler(enabled=True), metrics=metrics))
+    metrics.close()
+    start = outcome.wall_s - outcome.rollout_wall_s
+    assert start == pytest.approx(outcome.counters.start_s, abs=1e-3)
+    assert START_S <= start < START_S + 2.0
+    assert outcome.rollout_wall_s == pytest.approx(WINDOW_S, abs=1.0)
+    # trajectories run in the slots their group took, from the moment it took them: over one window the two
+    # occupancies agree (over the whole phase the trajectory figure read START_S of starting as idle slots)
+    assert outcome.env_steps > 0
+    assert outcome.trajectory_slot_occupancy == pytest.approx(outcome.slot_occupancy, rel=0.15)
