@@ -141,7 +141,10 @@ class RolloutStage:
         self.trajectories_failed = 0
         self.first_error = ""
         self.trajectory_seconds = 0.0
-        """Seconds trajectories spent running, summed (for trajectory-level slot occupancy)."""
+        """Seconds the ended trajectories spent running, summed (`running_seconds` adds the running ones)."""
+        self._running = 0
+        self._running_since = 0.0
+        """How many trajectories run now, and the sum of their start times."""
         self.cuts_late = 0
         """Cut requests that came too late: every member had ended, or the group had returned."""
         self.cancels_received = 0
@@ -272,6 +275,8 @@ class RolloutStage:
 
     async def _trajectory(self, group_id: int, task: Task, record: _Record) -> None:
         started = self.clock()
+        self._running += 1
+        self._running_since += started
         env: Environment | None = None
         try:
             env = self.suite.make()
@@ -289,9 +294,16 @@ class RolloutStage:
         finally:
             if env is not None:
                 env.close()
+            self._running -= 1
+            self._running_since -= started
             self.trajectory_seconds += self.clock() - started
             if self.on_trajectory_end is not None:
                 self.on_trajectory_end()
+
+    def running_seconds(self) -> float:
+        """Seconds trajectories have run so far, summed, those still running included (for trajectory-level
+        slot occupancy: a slow policy's trajectories last many seconds, most of a short phase)."""
+        return self.trajectory_seconds + self._running * self.clock() - self._running_since
 
     def _check_error_rate(self) -> None:
         ended, failed = self.trajectories_ended, self.trajectories_failed

@@ -232,7 +232,7 @@ async def _until_done(w: _Wiring, stop: trio.Event | None) -> GrpoOutcome:
     return GrpoOutcome(
         stop_reason=stop_reason, wall_s=wall, rollout_wall_s=window, updates=phase.version, counters=phase.counters, lifecycle=phase.lifecycle,
         rollout=w.rollout, gate=phase.gate, allocator=phase.allocator, slot_occupancy=phase.slots.occupancy(),
-        trajectory_slot_occupancy=w.rollout.trajectory_seconds / (cfg.rollout.slots * window) if window > 0 else float("nan"),
+        trajectory_slot_occupancy=w.rollout.running_seconds() / (cfg.rollout.slots * window) if window > 0 else float("nan"),
     )
 
 

@@ -40,7 +40,7 @@ class Phase:
     pacer: StalenessPacer
     lifecycle: GroupLifecycle
     rollout: Any
-    """The rollout stage (env_steps, trajectory_seconds, its resume counters)."""
+    """The rollout stage (env_steps, running_seconds(), its resume counters)."""
     allocator: Any
     policy: Any
     gate: GateHandle | None
@@ -135,7 +135,7 @@ def metrics_row(report: LearnerReport, phase: Phase) -> dict[str, Any]:
     }
     row |= dict(report.stats)
     window = phase.rollout_wall_s()
-    row["trajectory_slot_occupancy"] = rollout.trajectory_seconds / (phase.slots.total * window) if window > 0 else None
+    row["trajectory_slot_occupancy"] = rollout.running_seconds() / (phase.slots.total * window) if window > 0 else None
     row |= dict(phase.allocator.statistics())
     if phase.gate is not None:
         row |= dict(phase.gate.statistics())

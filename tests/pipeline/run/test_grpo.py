@@ -1,4 +1,5 @@
-"""The GRPO phase's own figures: rates and occupancy over the rollout window, not the decoders' start."""
+"""The GRPO phase's own figures: rates and occupancy over the rollout window, not the decoders' start, with
+the trajectories still running counted."""
 
 import pytest
 import trio
@@ -11,10 +12,12 @@ from pipeline.rundir import MetricsWriter
 
 START_S = 3.0
 WINDOW_S = 4.0
+ACT_S = 0.25
 
 
 class _SlowToServe:
-    """The policy, but `serve` takes START_S before it answers (as 8 decoding processes importing torch do)."""
+    """The policy, but `serve` takes START_S before it answers (as 8 decoding processes importing torch do),
+    and each answer ACT_S (as one decoder batching 64 requests does): a trajectory lasts longer than the phase."""
 
     def __init__(self, policy):
         self._policy = policy
@@ -25,6 +28,10 @@ class _SlowToServe:
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED):
         await trio.sleep(START_S)
         await self._policy.serve(task_status=task_status)
+
+    async def act(self, context, **options):
+        await trio.sleep(ACT_S)
+        return await self._policy.act(context, **options)
 
 
 def test_occupancy_is_taken_after_the_policy_started(tmp_path):
@@ -43,6 +50,7 @@ def test_occupancy_is_taken_after_the_policy_started(tmp_path):
     assert START_S <= start < START_S + 2.0
     assert outcome.rollout_wall_s == pytest.approx(WINDOW_S, abs=1.0)
     # trajectories run in the slots their group took, from the moment it took them: over one window the two
-    # occupancies agree (over the whole phase the trajectory figure read START_S of starting as idle slots)
+    # occupancies agree (over the whole phase the trajectory figure read START_S of starting as idle slots, and
+    # counting ended trajectories alone it read the slots of those still running as idle)
     assert outcome.env_steps > 0
     assert outcome.trajectory_slot_occupancy == pytest.approx(outcome.slot_occupancy, rel=0.15)
