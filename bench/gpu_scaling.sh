@@ -44,12 +44,12 @@ want() { [[ ",${STEPS:-warm,scaling,cpu,tests,run}," == *",$1,"* ]]; }
 if [ -n "${CACHE_FROM:-}" ]; then mkdir -p .rollcut_cache && cp "$CACHE_FROM"/*.pt .rollcut_cache/; fi
 want warm && step "warm start" 300 $PY run.py pretrain --set eval.tasks=10
 
-want scaling && step "scaling, learner on $LEARNER_DEVICE" 150 $PY bench/bench_scaling.py --launchers processes --decoders 1,8,12 \
+want scaling && step "scaling, learner on $LEARNER_DEVICE" 150 $PY bench/bench_scaling.py --launchers processes --decoders "${DECODERS:-1,8,12}" \
   --seconds "$ARM_S" --seeds 0 --out "$OUT_DIR/scaling" --set policy.device=cpu --set "learner.device=$LEARNER_DEVICE"
 want scaling && back "$OUT_DIR/scaling/scaling.md" "$OUT_DIR/scaling/scaling.json"
 
 scaling_as() {  # scaling_as NAME DECODERS OVERRIDE...: the same bench, its files renamed NAME-scaling.*
-  step "scaling, $1" 150 $PY bench/bench_scaling.py --launchers processes --decoders "$2" --seconds "$ARM_S" --seeds 0 \
+  step "scaling, $1" 240 $PY bench/bench_scaling.py --launchers processes --decoders "$2" --seconds "$ARM_S" --seeds 0 \
     --out "$OUT_DIR/$1" --set policy.device=cpu --set "learner.device=$LEARNER_DEVICE" "${@:3}"
   for f in md json; do cp "$OUT_DIR/$1/scaling.$f" "$OUT_DIR/$1-scaling.$f" 2>/dev/null; back "$OUT_DIR/$1-scaling.$f"; done
 }
