@@ -18,7 +18,8 @@ from typing import Any
 import structlog
 import trio
 
-from ._recorder import Recorder
+from ._attribution import attribute_gpu
+from ._recorder import BUSY, Recorder, Snapshot
 
 log = structlog.get_logger(__name__)
 
@@ -218,3 +219,31 @@ def nvml_index(track_uuids: list[str], cuda_index: int) -> int:
         if uuid and track_uuid.removeprefix("GPU-") == uuid:
             return index
     return cuda_index
+
+
+def stage_gpu_seconds(
+    snap: Snapshot, cuda: dict[int, list[tuple[str, float, float, float]]], tracks: list[GpuTrack], gpu_stages: set[str]
+) -> tuple[dict[str, float] | None, dict[str, str]]:
+    """GPU value-seconds per stage summed over devices, and each stage's rule (`attribute_gpu`): CUDA-event
+    time for stages with `cuda_span`s (`cuda`: `cuda_times`), NVML shares of `tracks` for the other GPU stages
+    (`gpu_stages`; none named: every stage competes). None when neither exists."""
+    if not tracks and not cuda:
+        return None, {}
+    busy: dict[str, list[tuple[float, float]]] = {}
+    for (stage, _n, kind, t0, t1, _c0, _c1), _i in snap.spans:
+        if kind == BUSY:
+            busy.setdefault(stage, []).append((t0, t1))
+    capable = gpu_stages or None
+    timed = {stage for spans in cuda.values() for stage, *_ in spans}
+    by_track: dict[int, list[tuple[str, float, float, float]]] = {}
+    for device, spans in cuda.items():
+        by_track.setdefault(nvml_index([t.uuid for t in tracks], device), []).extend(spans)
+    out: dict[str, float] = {}
+    rules: dict[str, str] = {}
+    for index in sorted(set(range(len(tracks))) | set(by_track)):
+        samples = list(tracks[index].util) if index < len(tracks) else []
+        values, device_rules = attribute_gpu(samples, busy, by_track.get(index, []), capable=capable, timed=timed)
+        for stage, value in values.items():
+            out[stage] = out.get(stage, 0.0) + value
+        rules |= device_rules
+    return out, rules

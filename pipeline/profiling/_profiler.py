@@ -15,9 +15,9 @@ import msgspec
 import structlog
 import trio
 
-from ._attribution import attribute_gpu, attribute_thread_cpu, sample_average
+from ._attribution import attribute_thread_cpu, sample_average
 from ._cpu import CpuSampler, process_cpu_seconds, thread_cpu_seconds
-from ._gpu import CudaSpan, GpuSampler, cuda_available, cuda_seconds, cuda_times, nvml_index
+from ._gpu import CudaSpan, GpuSampler, cuda_available, cuda_seconds, cuda_times, stage_gpu_seconds
 from ._plot import write_plot
 from ._recorder import (
     BUSY,
@@ -265,7 +265,7 @@ class Profiler:
 
         tracks = self._gpu.tracks
         cuda = cuda_times(snap.threads) if any(buf.cuda for buf in snap.threads) else {}
-        gpu_by_stage, gpu_rules = self._gpu_by_stage(snap, cuda)
+        gpu_by_stage, gpu_rules = stage_gpu_seconds(snap, cuda, tracks, self._gpu_stages)  # (a cuda_span adds its stage)
         self._report = build_report(
             snap,
             window=(self._t_start, t_end),
@@ -278,33 +278,6 @@ class Profiler:
             gpu_rules=gpu_rules,
         )
         return self._report
-
-    def _gpu_by_stage(
-        self, snap: Snapshot, cuda: dict[int, list[tuple[str, float, float, float]]]
-    ) -> tuple[dict[str, float] | None, dict[str, str]]:
-        """GPU value-seconds per stage summed over devices, and each stage's rule (`attribute_gpu`): CUDA-event
-        time for stages with `cuda_span`s, NVML shares for the other GPU stages. None when neither exists."""
-        tracks = self._gpu.tracks
-        if not tracks and not cuda:
-            return None, {}
-        busy: dict[str, list[tuple[float, float]]] = {}
-        for (stage, _n, kind, t0, t1, _c0, _c1), _i in snap.spans:
-            if kind == BUSY:
-                busy.setdefault(stage, []).append((t0, t1))
-        capable = self._gpu_stages or None  # (a cuda_span adds its stage); none named: every stage competes
-        timed = {stage for spans in cuda.values() for stage, *_ in spans}
-        by_track: dict[int, list[tuple[str, float, float, float]]] = {}
-        for device, spans in cuda.items():
-            by_track.setdefault(nvml_index([t.uuid for t in tracks], device), []).extend(spans)
-        out: dict[str, float] = {}
-        rules: dict[str, str] = {}
-        for index in sorted(set(range(len(tracks))) | set(by_track)):
-            samples = list(tracks[index].util) if index < len(tracks) else []
-            values, device_rules = attribute_gpu(samples, busy, by_track.get(index, []), capable=capable, timed=timed)
-            for stage, value in values.items():
-                out[stage] = out.get(stage, 0.0) + value
-            rules |= device_rules
-        return out, rules
 
     def _thread_cpu_by_stage(self, buf: ThreadBuffer, t_end: float) -> dict[str, float]:
         spans = [
