@@ -26,21 +26,14 @@ address that is not loopback unless `transport.allow_remote` is set or CURVE key
 key is listed get through, and each refused handshake is counted on the binding socket's `dropped_frames`
 (`unauthenticated`, `handshake_failed`). See docs/architecture.md, "Transport security".
 
-Frames from strangers: `open_context(secret=...)` (the run's per-run secret, `new_secret()`) seals every
-frame of its point-to-point sockets (push, pull, pair, dealer, router): each message goes out as two
-frames, a keyed BLAKE2b tag of the payload under the secret, then the payload. A receiving socket drops a
-message whose tag is missing or wrong as `bad_token` before decoding it, so only the run's own processes
-(which got the secret when they were started) can send a frame that any stage reads. The secret itself
-never travels and is never logged. The events PUB/SUB stream is not sealed: nothing the run reads comes
-from it, and observers in other processes read it without the secret.
+Frames from strangers: `open_context(secret=...)` (the run's per-run secret) seals every frame of its
+point-to-point sockets (pipeline/sealing.py); a receiving socket drops a message whose tag is missing or
+wrong as `bad_token` before decoding it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
-import secrets
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
@@ -51,6 +44,7 @@ import trio
 import zmq
 
 from . import curve
+from .sealing import SEALED_KINDS, frame_tag, unseal
 
 log = structlog.get_logger(__name__)
 
@@ -70,21 +64,6 @@ DEFAULT_LINGER_MS = 5_000
 WARN_FIRST = 10
 """Dropped frames of one socket logged one by one; after that, one summary line every WARN_EVERY drops."""
 WARN_EVERY = 1_000
-SECRET_BYTES = 32
-TAG_BYTES = 16
-"""A frame's tag: keyed BLAKE2b of its payload (16 bytes: a forger's chance per frame is 2^-128)."""
-_SEALED_KINDS = frozenset({"push", "pull", "pair", "dealer", "router"})
-"""The sockets a secret seals: everything but the events stream's PUB / SUB."""
-
-
-def new_secret() -> bytes:
-    """A fresh per-run secret (random; hand it to stage processes privately, never on a command line)."""
-    return secrets.token_bytes(SECRET_BYTES)
-
-
-def frame_tag(secret: bytes, payload: bytes | memoryview) -> bytes:
-    """The tag a sealed socket sends before `payload` (and checks on receipt)."""
-    return hashlib.blake2b(payload, key=secret, digest_size=TAG_BYTES).digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +167,7 @@ class Context:
                 monitor.close(linger=0)
             raw.close(linger=0)
             raise OSError(f"cannot {'bind' if bind else 'connect'} {kind} socket to {address}: {exc}") from exc
-        secret = self._secret if kind in _SEALED_KINDS else b""
+        secret = self._secret if kind in SEALED_KINDS else b""
         sock: Socket[Any] = Socket(raw, address, receives, name=name, secret=secret)
         self._sockets.append(sock)
         if monitor is not None:
@@ -332,10 +311,10 @@ class Socket(Generic[T]):
         is not two frames, the first the payload's tag under the secret."""
         if not self._secret:
             return message[0]
-        if len(message) != 2 or not hmac.compare_digest(message[0], frame_tag(self._secret, message[1])):
+        payload = unseal(self._secret, message)
+        if payload is None:
             self.drop("bad_token", f"{len(message)} frame(s), {sum(map(len, message))} bytes")
-            return None
-        return message[1]
+        return payload
 
     def _recv_nowait(self) -> list[bytes] | None:
         """One message: its frames when sealed (checked by `_unseal`), else one frame."""

@@ -39,8 +39,9 @@ from pipeline.messages import AnyMessage, GroupResult, PhaseFinished
 from pipeline.profiling import Profiler
 from pipeline.progress import Progress
 from pipeline.rundir import MetricsWriter
+from pipeline.sealing import new_secret
 from pipeline.stage import Stage, StageContext
-from pipeline.transport import new_secret, open_context
+from pipeline.transport import open_context
 from stages.envs.base import EnvSuite, Task
 from stages.policy.base import Policy
 from stages.rollout import RolloutStage

@@ -43,8 +43,8 @@ import trio
 
 from pipeline.config import RunConfig, TransportSection
 from pipeline.curve import CurveKeys
+from pipeline.sealing import new_secret
 from pipeline.stage import StageFailed
-from pipeline.transport import new_secret
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = {

@@ -178,21 +178,21 @@ async def test_a_sealed_socket_drops_what_strangers_send_as_bad_token(monkeypatc
     three-frame message are all counted as `bad_token`; the secret never appears in a log line."""
     import msgspec
 
-    from pipeline import transport
+    from pipeline import sealing, transport
 
     logged = []
     monkeypatch.setattr(transport.log, "warning", lambda event, **kw: logged.append(repr(kw)))
-    secret, other = transport.new_secret(), transport.new_secret()
+    secret, other = sealing.new_secret(), sealing.new_secret()
     payload = msgspec.msgpack.encode(_step(1))
     async with open_context(secret=secret) as run:
         pull = run.socket("pull", "tcp://127.0.0.1:0", bind=True, receives=StepStream, name="steps")
         push = run.socket("push", pull.address, bind=False)
         raw = push._raw  # what other senders put on the wire, on one connection so that it arrives in order
         raw.send(payload)  # a stranger's context sends bare frames
-        raw.send_multipart([transport.frame_tag(other, payload), payload])  # another run's secret
-        raw.send(transport.frame_tag(secret, payload))  # a tag without its payload
-        raw.send_multipart([transport.frame_tag(secret, b"x"), payload])  # a tag of other bytes
-        raw.send_multipart([transport.frame_tag(secret, payload), payload, b""])
+        raw.send_multipart([sealing.frame_tag(other, payload), payload])  # another run's secret
+        raw.send(sealing.frame_tag(secret, payload))  # a tag without its payload
+        raw.send_multipart([sealing.frame_tag(secret, b"x"), payload])  # a tag of other bytes
+        raw.send_multipart([sealing.frame_tag(secret, payload), payload, b""])
         await push.send(_step(2))  # sealed by this run's context
         with trio.fail_after(10):
             assert [m.step_index for m in await pull.receive_many()] == [2]
