@@ -47,8 +47,8 @@ def test_occupancy_is_taken_after_the_policy_started(tmp_path):
     metrics.close()
     start = outcome.wall_s - outcome.rollout_wall_s
     assert start == pytest.approx(outcome.counters.start_s, abs=1e-3)
-    assert START_S <= start < START_S + 2.0
-    assert outcome.rollout_wall_s == pytest.approx(WINDOW_S, abs=1.0)
+    assert start >= START_S  # the policy's start is the phase's start ...
+    assert outcome.rollout_wall_s >= WINDOW_S  # ... and the window after it is whole (run.max_wall_s runs from there)
     # trajectories run in the slots their group took, from the moment it took them: over one window the two
     # occupancies agree (over the whole phase the trajectory figure read START_S of starting as idle slots, and
     # counting ended trajectories alone it read the slots of those still running as idle)
