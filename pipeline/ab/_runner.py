@@ -9,7 +9,8 @@
 
 A run is a child process (`run.py --config configs/<arm>-s<seed>.toml`): memory, threads and torch state
 never leak from one arm into the next, and a run folder with a `summary.json` that does not say it was
-interrupted (`finished_summary`) is a finished run, which is all resuming needs. Seeds are the outer loop, so slow drift of a shared machine hits every arm alike.
+interrupted (`finished_summary`) is a finished run, which is all resuming needs. Seeds are the outer loop, so
+slow drift of a shared machine hits every arm alike.
 """
 
 from __future__ import annotations

@@ -231,8 +231,8 @@ async def _until_done(w: _Wiring, stop: trio.Event | None) -> GrpoOutcome:
         log.warning("grpo.wall_limit", max_wall_s=cfg.run.max_wall_s, updates=phase.version)
     wall, window = phase.wall_s(), phase.rollout_wall_s()
     return GrpoOutcome(
-        stop_reason=stop_reason, wall_s=wall, rollout_wall_s=window, updates=phase.version, counters=phase.counters, lifecycle=phase.lifecycle,
-        rollout=w.rollout, gate=phase.gate, allocator=phase.allocator, slot_occupancy=phase.slots.occupancy(),
+        stop_reason=stop_reason, wall_s=wall, rollout_wall_s=window, updates=phase.version, counters=phase.counters,
+        lifecycle=phase.lifecycle, rollout=w.rollout, gate=phase.gate, allocator=phase.allocator, slot_occupancy=phase.slots.occupancy(),
         trajectory_slot_occupancy=w.rollout.running_seconds() / (cfg.rollout.slots * window) if window > 0 else float("nan"),
     )
 
