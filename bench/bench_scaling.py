@@ -65,7 +65,7 @@ def arm(cfg: Any, suite: Any, launcher: str, decoders: int, seed: int, run_dir: 
     stats = policy.statistics()
     policy.close()
     return {"launcher": launcher, "decoders": decoders, "seed": seed, "env_steps": outcome.env_steps,
-            "grpo_wall_s": outcome.wall_s, "start_s": outcome.wall_s - outcome.rollout_wall_s,
+            "grpo_wall_s": outcome.wall_s, "start_s": outcome.counters.start_s,
             "env_steps_per_s": outcome.env_steps / outcome.rollout_wall_s,  # after the decoders started
             "trajectory_slot_occupancy": outcome.trajectory_slot_occupancy, "slot_occupancy": outcome.slot_occupancy,
             "updates": outcome.updates, "loop_lag_p99_ms": outcome.loop_lag_p99_ms(), **_stage_figures(run_dir),

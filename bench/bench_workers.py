@@ -72,7 +72,7 @@ def main() -> None:
                 occupancy[workers].append(outcome.trajectory_slot_occupancy)
                 print(f"round {r + 1}: {workers:2d} decoding worker(s): {rates[workers][-1]:7.1f} env-steps/s "
                       f"({outcome.env_steps} steps, {outcome.updates} updates, decoders started in "
-                      f"{outcome.wall_s - outcome.rollout_wall_s:.1f} s, trajectory slot occupancy "
+                      f"{outcome.counters.start_s:.1f} s, trajectory slot occupancy "
                       f"{outcome.trajectory_slot_occupancy:.2f})", flush=True)
                 if args.out is not None:
                     _keep_profile(run_dir, args.out / f"w{workers}")
