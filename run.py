@@ -1,6 +1,6 @@
 """rollcut command line.
 
-    python run.py                                  # the embedded default: household env + tiny torch policy, CPU
+    python run.py                                  # the default run (configs/default.toml): household env + small torch policy, CPU
     python run.py --config configs/ab_gate_off.toml
     python run.py --set gate.enabled=false --set run.name=ungated
     python run.py pretrain                         # behaviour-clone (or load the cached) warm start, report held-out success
@@ -24,12 +24,15 @@ import os
 import sys
 from pathlib import Path
 
+DEFAULT_RUN = Path(__file__).resolve().parent / "configs" / "default.toml"
+"""What `python run.py` runs when no --config is given (values it does not write are the base values, RunConfig's)."""
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="run.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", nargs="?", default="train", choices=["train", "pretrain", "profile", "check", "resume"])
     parser.add_argument("run_dir", nargs="?", help="run folder (for `profile` and `resume`)")
-    parser.add_argument("--config", help="TOML config file")
+    parser.add_argument("--config", help="TOML config file (default: configs/default.toml, the default run)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--out", help="parent folder of run folders (same as --set run.out=DIR)")
     parser.add_argument("--ray", metavar="ADDRESS", help="decoders as actors on this Ray cluster: auto, HOST:PORT, or '' "
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
     overrides = list(args.overrides) + ([f"run.out={_toml_str(args.out)}"] if args.out else []) + _ray_overrides(args)
     try:
-        cfg = load(args.config, overrides)
+        cfg = load(args.config if args.config is not None else DEFAULT_RUN, overrides)
     except ConfigError as exc:
         print(f"run.py: {exc}", file=sys.stderr)
         return 2

@@ -47,18 +47,17 @@ from pipeline.verdict import Verdict, declared_commit, head_commit, load_verdict
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _command(config: Path | None, sets: list[str]) -> list[str]:
-    preset = ["--config", str(config)] if config is not None else []
-    return [sys.executable, str(ROOT / "run.py"), *preset, *(a for s in sets for a in ("--set", s))]
+def _command(config: Path, sets: list[str]) -> list[str]:
+    return [sys.executable, str(ROOT / "run.py"), "--config", str(config), *(a for s in sets for a in ("--set", s))]
 
 
-def _out(config: Path | None, overrides: list[str]) -> tuple[Path, str]:
+def _out(config: Path, overrides: list[str]) -> tuple[Path, str]:
     run = load_config(config, overrides).run
     return (Path(run.out) if Path(run.out).is_absolute() else ROOT / run.out), run.name
 
 
-def run_seeds(config: Path | None, seeds: list[int], overrides: list[str]) -> list[Path]:
-    """Run the preset (None: the built-in defaults) once per seed; returns the run folders in seed order."""
+def run_seeds(config: Path, seeds: list[int], overrides: list[str]) -> list[Path]:
+    """Run the preset once per seed; returns the run folders in seed order."""
     out, name = _out(config, overrides)
     folders = []
     for seed in seeds:
@@ -162,10 +161,15 @@ def _set_aside(folder: Path, why: str = "unfinished") -> Path:
     return folder.rename(folder.with_name(f"{folder.name}.{why}-{n}"))
 
 
+def _config_path(name: str) -> Path:
+    """A config file; "default" is the default run (configs/default.toml, what `python run.py` runs)."""
+    return ROOT / "configs" / "default.toml" if name == "default" else ROOT / name
+
+
 def _verdict_seeds(verdict: Verdict, name: str) -> tuple[dict[str, Any], str]:
     """Kind "seeds": each seed into `<out>/verdict-<name>-s<seed>` (a finished one is kept, a loaded one run
     again up to REDO_LOADED times); the result."""
-    config = None if verdict.config == "default" else ROOT / verdict.config
+    config = _config_path(verdict.config)
     overrides = verdict.overrides()
     out, _ = _out(config, overrides)
     folders, failed = [], {}
@@ -212,7 +216,7 @@ def _verdict_seeds(verdict: Verdict, name: str) -> tuple[dict[str, Any], str]:
 def _verdict_ab(verdict: Verdict, name: str) -> tuple[dict[str, Any], str]:
     """Kind "ab": `run.py ab` with the verdict's arms, seeds, budget and target rule (it resumes a study it finished
     part of, and runs a run the machine's load flagged again, up to REDO_LOADED times)."""
-    config = None if verdict.config == "default" else ROOT / verdict.config
+    config = _config_path(verdict.config)
     out, _ = _out(config, verdict.overrides())
     command = [sys.executable, str(ROOT / "run.py"), "ab", "--arms", ",".join(verdict.arms),
                "--seeds", ",".join(map(str, verdict.seeds)), "--budget", verdict.budget, "--name", f"verdict-{name}",
@@ -221,7 +225,7 @@ def _verdict_ab(verdict: Verdict, name: str) -> tuple[dict[str, Any], str]:
                *(["--target-heldout", str(verdict.target_heldout)] if verdict.target_heldout is not None else []),
                *(["--eval-every", str(verdict.eval_every)] if verdict.eval_every is not None else []),
                *(["--to-budget"] if verdict.to_budget else []),
-               *(["--config", str(config)] if config is not None else []), *(a for s in verdict.overrides() for a in ("--set", s))]
+               "--config", str(config), *(a for s in verdict.overrides() for a in ("--set", s))]
     print(" ".join(command[1:]), file=sys.stderr, flush=True)
     returncode = subprocess.run(command, cwd=ROOT).returncode
     ab_dir = out / f"verdict-{name}" / "ab"
@@ -282,7 +286,7 @@ def main() -> int:
             print("learn_seeds: --verdict runs the file exactly: no --config, --seeds, --set or --report", file=sys.stderr)
             return 2
         return run_verdict(args.verdict, allow_uncommitted=args.uncommitted)
-    config = None if args.config == "default" else Path(args.config)
+    config = _config_path("default") if args.config == "default" else Path(args.config)
     folders = args.report or run_seeds(config, args.seeds, args.set)
     print(report(folders))
     return 0

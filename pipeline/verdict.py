@@ -3,7 +3,7 @@
 A verdict is a committed TOML file, `configs/verdicts/<name>.toml`:
 
     kind = "seeds"                      # one config on each seed (bench/learn_seeds.py), or "ab": arms x seeds (run.py ab)
-    config = "configs/learn.toml"       # a preset, or "default" (the embedded default)
+    config = "configs/learn.toml"       # a preset, or "default" (the default run: configs/default.toml)
     set = ["eval.tasks=400"]            # overrides, as --set
     seeds = [100, 101, 102, 103, 104]   # new seeds, >= 100: no tuning ever ran on them
     range = "test"                      # the before / after measure's task range: a verdict reads test

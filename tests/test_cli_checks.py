@@ -11,7 +11,7 @@ from tests.test_run_integration import ROOT
 
 @pytest.mark.parametrize("command", ["check", "train"])
 def test_bad_plugin_options_fail_before_any_work(tmp_path, command):
-    overrides = ["gate.options.zzz=1", "env.options.bogus=1", "policy.options.layerz=3", f'run.out="{tmp_path}/runs"',
+    overrides = ["gate.enabled=true", "gate.options.zzz=1", "env.options.bogus=1", "policy.options.layerz=3", f'run.out="{tmp_path}/runs"',
                  'stages=[{target = "examples.jsonl_writer:JsonlGroupWriter", options = {pth = "x"}}]']
     proc = subprocess.run(
         [sys.executable, "run.py", command, *[a for o in overrides for a in ("--set", o)]],

@@ -23,6 +23,16 @@ def test_config_validates(path, tmp_path):
     assert isinstance(load(path, overrides), RunConfig)
 
 
-def test_default_toml_is_the_builtin_default():
-    path = Path(__file__).resolve().parents[1] / "configs" / "default.toml"
+def test_base_toml_is_the_builtin_base():
+    path = Path(__file__).resolve().parents[1] / "configs" / "base.toml"
     assert load(path, []) == RunConfig()
+
+
+def test_run_py_without_config_runs_the_default_run(capsys):
+    from pipeline.config import dump_toml
+    from run import DEFAULT_RUN, main
+
+    assert DEFAULT_RUN == Path(__file__).resolve().parents[1] / "configs" / "default.toml"
+    assert main(["check"]) == 0
+    assert capsys.readouterr().out.strip() == dump_toml(load(DEFAULT_RUN, [])).strip()
+    assert load(DEFAULT_RUN, []) != RunConfig()  # a preset over the base values, not the base values
