@@ -107,6 +107,7 @@ def test_a_verdict_runs_exactly_its_file_and_writes_its_result_beside_it(learn_s
     monkeypatch.setattr(learn_seeds, "declared_commit", lambda p: "c" * 40)
     assert learn_seeds.run_verdict(path) == 0
     assert all('eval.range="test"' in c and "eval.tasks=4" in c for c in commands)  # the file's overrides, the test range
+    assert all(c[c.index("--config") + 1].endswith("configs/default.toml") for c in commands)  # "default": the default run
     result = json.loads(path.with_suffix(".result.json").read_text())
     assert result["declared_commit"] == "c" * 40 and result["failed_seeds"] == {"101": 1}
     assert result["per_seed"]["100"]["heldout_success_after"] == pytest.approx(0.3)
