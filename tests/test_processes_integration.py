@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_resume_integration import _children, _metrics
-from tests.test_run_integration import ROOT, _tiny
+from tests.test_run_integration import BASE, ROOT, _tiny
 
 
 def _stage_processes(pid: int) -> list[int]:
@@ -42,7 +42,7 @@ def _state(pid: int) -> str:
 
 def _start(tmp_path: Path, name: str, *extra: str) -> tuple[subprocess.Popen, Path]:
     sets = _tiny(tmp_path, "transport.mode=processes", "gate.k=4", f"run.name={name}", *extra)
-    args = [sys.executable, "run.py", *[a for s in sets for a in ("--set", s)]]
+    args = [sys.executable, "run.py", *BASE, *[a for s in sets for a in ("--set", s)]]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=os.environ | {"PYTHONUNBUFFERED": "1"})
     return proc, tmp_path / "runs" / name

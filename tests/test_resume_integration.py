@@ -20,7 +20,7 @@ from pipeline.progress import Progress
 from pipeline.run.checks import load
 from pipeline.run.job import RunInterrupted, run_job
 from tests.plugin_faults import STOPS
-from tests.test_run_integration import ROOT, _tiny
+from tests.test_run_integration import BASE, ROOT, _tiny
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -44,7 +44,7 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.slow
 def test_ctrl_c_after_first_update_then_resume_reaches_the_configured_updates(tmp_path):
     sets = _tiny(tmp_path, "gate.k=4", "run.updates=4", "run.name=stopped")
-    args = [sys.executable, "run.py", *[a for s in sets for a in ("--set", s)]]
+    args = [sys.executable, "run.py", *BASE, *[a for s in sets for a in ("--set", s)]]
     run_dir = tmp_path / "runs" / "stopped"
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=os.environ | {"PYTHONUNBUFFERED": "1"})

@@ -43,6 +43,11 @@ TINY = [
 ]
 
 
+BASE = ["--config", str(ROOT / "configs" / "base.toml")]
+"""run.py's argument for the base values TINY is written on (without --config run.py runs the default run,
+configs/default.toml: gate off, the learn preset's learner)."""
+
+
 def _tiny(tmp_path: Path, *extra: str) -> list[str]:
     return TINY + [f'run.out="{tmp_path}/runs"', f'policy.cache_dir="{tmp_path}/cache"', *extra]
 
@@ -113,7 +118,7 @@ def test_bad_config_exits_2_and_lists_every_problem(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_stops_cleanly_and_promptly(tmp_path):
-    args = [sys.executable, "run.py", *[a for s in _tiny(tmp_path, "gate.k=4", "run.updates=1000", "run.max_wall_s=300") for a in ("--set", s)]]
+    args = [sys.executable, "run.py", *BASE, *[a for s in _tiny(tmp_path, "gate.k=4", "run.updates=1000", "run.max_wall_s=300") for a in ("--set", s)]]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=os.environ | {"PYTHONUNBUFFERED": "1"})
     try:
