@@ -45,7 +45,7 @@ def _study_parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", default=DEFAULT_ARMS, help=f"comma-separated arm names (configs/arms/*.toml) or .toml paths (default: {DEFAULT_ARMS})")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default: 0,1,2)")
     p.add_argument("--budget", default="default", help="configs/budgets/<name>.toml, a .toml path, or `none` (default: default)")
-    p.add_argument("--config", help="base TOML config (default: the embedded default)")
+    p.add_argument("--config", help="base TOML config (default: the base values, configs/base.toml)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="applied to every arm, after it")
     p.add_argument("--name", help="study folder <out>/<name>/ab (default: ab-<budget>)")
     p.add_argument("--out", help="parent of the study folder (default: the base config's run.out)")
