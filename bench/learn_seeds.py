@@ -43,6 +43,7 @@ from pipeline.ab._stats import paired_difference  # noqa: E402
 from pipeline.config import ConfigError, load_config  # noqa: E402
 from pipeline.rundir import free_run_name  # noqa: E402
 from pipeline.verdict import Verdict, declared_commit, head_commit, load_verdict, result_paths  # noqa: E402
+from run import DEFAULT_RUN  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -162,8 +163,8 @@ def _set_aside(folder: Path, why: str = "unfinished") -> Path:
 
 
 def _config_path(name: str) -> Path:
-    """A config file; "default" is the default run (configs/default.toml, what `python run.py` runs)."""
-    return ROOT / "configs" / "default.toml" if name == "default" else ROOT / name
+    """A config file; "default" is the default run (what `python run.py` runs)."""
+    return DEFAULT_RUN if name == "default" else ROOT / name
 
 
 def _verdict_seeds(verdict: Verdict, name: str) -> tuple[dict[str, Any], str]:
@@ -286,7 +287,7 @@ def main() -> int:
             print("learn_seeds: --verdict runs the file exactly: no --config, --seeds, --set or --report", file=sys.stderr)
             return 2
         return run_verdict(args.verdict, allow_uncommitted=args.uncommitted)
-    config = _config_path("default") if args.config == "default" else Path(args.config)
+    config = DEFAULT_RUN if args.config == "default" else Path(args.config)
     folders = args.report or run_seeds(config, args.seeds, args.set)
     print(report(folders))
     return 0
