@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Beside resume.sh, every 60 s: commit each newly finished run's records (and the machine it ran on) and each new
 # warm start onto main, so a wiped machine loses no finished run.
-#   setsid nohup bash docs/ab/cost-study/keep.sh >> keep.out 2>&1 < /dev/null &
+#   setsid nohup bash docs/ab/cost-study/keep.sh >> ../keep.out 2>&1 < /dev/null &
 MAIN=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 STUDY=${STUDY:-$(dirname "$MAIN")/study}
 AB=$STUDY/runs/verdict-cost-study/ab

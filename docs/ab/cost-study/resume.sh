@@ -2,7 +2,7 @@
 # Resume issue 36's cost study on this machine (docs/ab/cost-study/README.md): a clone at the declared commit
 # ($STUDY, default ../study beside the repository), the finished runs and warm starts kept on main restored into
 # it, then the declared verdict, which keeps the finished runs and runs the rest. Run keep.sh beside it.
-#   setsid nohup bash docs/ab/cost-study/resume.sh >> study.out 2>&1 < /dev/null &
+#   setsid nohup bash docs/ab/cost-study/resume.sh >> ../study.out 2>&1 < /dev/null &
 set -euo pipefail
 MAIN=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 STUDY=${STUDY:-$(dirname "$MAIN")/study}
