@@ -25,7 +25,7 @@ while true; do
     git -C "$MAIN" add "docs/ab/cost-study/runs/$name"
     git -C "$MAIN" commit -q -m "cost study (issue 36): $name finished; its records kept so a wiped machine loses no finished run" -- "docs/ab/cost-study/runs/$name" && echo "$(date -u) kept $name"
   done
-  for f in $STUDY/.rollcut_cache/*; do
+  for f in "$STUDY"/.rollcut_cache/*; do
     [ -f "$f" ] || continue
     b=$(basename "$f")
     [ -f "$KEEP/warm-starts/$b" ] && continue
