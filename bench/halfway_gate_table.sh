@@ -6,6 +6,7 @@
 # a quiet machine, never beside a study that times its runs.
 #   bash bench/halfway_gate_table.sh                      # seeds 0 1 2, update 12 (half of the cost study's 24)
 #   SEEDS="0 1" UPDATE=24 OUT=docs/x.md bash bench/halfway_gate_table.sh
+#   SEEDS=0 bash bench/halfway_gate_table.sh --weights-only   # keep seed 0's weights now, calibrate in a later call
 set -euo pipefail
 ROOT=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 cd "$ROOT"
@@ -36,6 +37,7 @@ for seed in $SEEDS; do
   [ -f "$weights" ] || { echo "halfway: seed $seed: the run ended before update $UPDATE ($run)" >&2; exit 1; }
 done
 
+[ "${1:-}" = --weights-only ] && { echo "halfway: weights kept; calibration not run (--weights-only)" >&2; exit 0; }
 # shellcheck disable=SC2086  # SEEDS is a list
 "$PY" bench/calibrate_gate.py --config "$CONFIG" --seeds $SEEDS --groups 128 \
   --weights "runs/halfway-s{seed}/checkpoints/policy-v$version.pt" --out "$OUT"
