@@ -2,7 +2,7 @@
 # Calibrate the gates from a policy partway through the learn preset's run (issue 36, item 1; docs/gate.md, "In the
 # learn preset's regime"): for each seed, run the learn preset until it keeps its published weights at update
 # $UPDATE (run.keep_weights_every), stop it there with SIGTERM (run.py stops as after a Ctrl-C), then replay the
-# gates on groups rolled out by those weights. ~15 min of CPU a seed on 2 cores, then the calibration: run it on
+# gates on groups rolled out by those weights. ~25 min a seed on 2 cores (seed 0: 24 min, BC included), then the calibration: run it on
 # a quiet machine, never beside a study that times its runs.
 #   bash bench/halfway_gate_table.sh                      # seeds 0 1 2, update 12 (half of the cost study's 24)
 #   SEEDS="0 1" UPDATE=24 OUT=docs/x.md bash bench/halfway_gate_table.sh
