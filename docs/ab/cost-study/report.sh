@@ -10,6 +10,11 @@ MAIN=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 PY=${PY:-$MAIN/.venv/bin/python}
 HERE=$MAIN/docs/ab/cost-study
 RUNS=$HERE/runs
+case "${1:-}" in
+  "") interim=false ;;
+  --interim) interim=true ;;
+  *) echo "report.sh: unknown argument ${1} (only --interim)" >&2; exit 2 ;;
+esac
 [ -x "$PY" ] || { echo "report.sh: no $PY: set up the repository first (the README's test command)" >&2; exit 2; }
 
 mapfile -t arms < <("$PY" -c 'import json,sys; print("\n".join(a["name"] for a in json.load(open(sys.argv[1]))["arms"]))' "$RUNS/plan.json")
@@ -20,7 +25,7 @@ for seed in "${seeds[@]}"; do
     [ -f "$RUNS/$arm-s$seed/summary.json" ] || missing+=("$arm-s$seed")
   done
 done
-if [ "${1:-}" = "--interim" ]; then
+if $interim; then
   OUT=$(mktemp -d)/report
   echo "report.sh: INTERIM, ${#missing[@]} of $(( ${#arms[@]} * ${#seeds[@]} )) runs missing: not the verdict; into $OUT" >&2
 elif [ ${#missing[@]} -gt 0 ]; then
