@@ -4,8 +4,9 @@ For each `LearnerReport`: load the new weights into the policy (and keep them if
 due), count the update, give the staleness budget back and tell the allocator (the group lifecycle), send
 `WeightsPublished` to the event stream, write the metrics row, capture a checkpoint at this update boundary
 (the report carries the trainer's state), refresh the progress line, start a due held-out measure, and end
-the phase after the last update. For each `GroupsConsumed`: count it and give its budget back. The learner
-stage only sends; nothing here calls into it, so it may run in another process.
+the phase after the last update. For each `GroupsConsumed`: count it and give its budget back, and say so
+when the learner is starved (`Starvation`). The learner stage only sends; nothing here calls into it, so it
+may run in another process.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
 import trio
 
 from pipeline.allocation import SlotPool, StalenessPacer
@@ -28,6 +30,12 @@ from pipeline.rundir import MetricsWriter
 from . import resume
 from .heldout import PeriodicHeldout
 from .placement import GateHandle
+
+log = structlog.get_logger(__name__)
+
+STARVED_BATCHES = 8
+"""Zero-variance groups the learner may drop since its last update, in learner batches, before the run says it
+is starved (at 8: more than 8 of every 9 groups that reached it carried no gradient)."""
 
 
 @dataclass
@@ -68,12 +76,53 @@ class Phase:
         return now - self.tokens_at_start if now is not None and self.tokens_at_start is not None else None
 
 
+@dataclass
+class Starvation:
+    """Zero-variance groups the learner dropped since its last update. A streaming run whose every group has zero
+    reward variance (a warm start that wins none of its tasks, or all of them) never fills a batch, and would run
+    to `run.max_wall_s` saying nothing; this says so at `STARVED_BATCHES` batches' worth, then at each doubling."""
+
+    batch_groups: int
+    dropped: int = 0
+    warn_at: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.warn_at = STARVED_BATCHES * self.batch_groups
+
+    def group_dropped(self) -> bool:
+        """Count one dropped group; True when the run should say it is starved."""
+        self.dropped += 1
+        if self.dropped < self.warn_at:
+            return False
+        self.warn_at *= 2
+        return True
+
+    def updated(self) -> None:
+        self.dropped = 0
+        self.__post_init__()
+
+
+def starved_note(*, complete: int, all_fail: int, all_succeed: int) -> str:
+    """Why a learner is starved, from the phase's complete groups (all failed, or all won), and what would give it
+    mixed groups."""
+    if complete and all_fail >= 0.9 * complete:
+        why = (f"{all_fail} of {complete} complete groups failed in every rollout: the policy wins almost none of these "
+               "tasks (a stronger warm start, an easier task range or a larger rollout.group_size gives it mixed groups)")
+    elif complete and all_succeed >= 0.9 * complete:
+        why = (f"{all_succeed} of {complete} complete groups won in every rollout: these tasks are too easy for the "
+               "policy (a harder task range gives it mixed groups)")
+    else:
+        why = f"{all_fail} of {complete} complete groups failed in every rollout, {all_succeed} won in every one"
+    return why + "; the run goes on to run.updates or run.max_wall_s"
+
+
 class UpdateRecorder:
     def __init__(self, phase: Phase, *, events: trio.MemorySendChannel[AnyMessage], metrics: MetricsWriter,
                  heldout: PeriodicHeldout, profiler: Profiler, checkpointer: resume.Checkpointer | None,
                  progress: Progress | None) -> None:
         self.phase, self.events, self.metrics, self.heldout = phase, events, metrics, heldout
         self.profiler, self.checkpointer, self.progress = profiler, checkpointer, progress
+        self.starvation = Starvation(phase.cfg.learner.batch_groups)
 
     async def consume(self, reports: Any, evals: trio.Nursery, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Consume the learner's reports (a channel or a socket) until cancelled."""
@@ -86,11 +135,21 @@ class UpdateRecorder:
                 if isinstance(message, GroupsConsumed):
                     phase.counters.learner_dropped(message)
                     phase.lifecycle.learner_dropped()
+                    if message.zero_variance and self.starvation.group_dropped():
+                        self.starved()
                 else:
                     await self.updated(message, evals)
 
+    def starved(self) -> None:
+        phase, counters = self.phase, self.phase.counters
+        log.warning("learner.starved", dropped_zero_variance=self.starvation.dropped, since_update=phase.version,
+                    batch_groups=phase.cfg.learner.batch_groups, max_wall_s=phase.cfg.run.max_wall_s,
+                    note=starved_note(complete=counters.groups_complete, all_fail=counters.all_fail_complete,
+                                      all_succeed=counters.all_succeed_complete))
+
     async def updated(self, report: LearnerReport, evals: trio.Nursery) -> None:
         phase = self.phase
+        self.starvation.updated()
         with self.profiler.span("learner", "weight_publish"):
             phase.policy.load_weights(report.version, report.weights)
         self.heldout.published(report.version, report.weights, wall_s=phase.wall_s(), env_steps=phase.rollout.env_steps,
