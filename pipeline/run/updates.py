@@ -87,7 +87,7 @@ class Starvation:
     warn_at: int = field(init=False)
 
     def __post_init__(self) -> None:
-        self.warn_at = STARVED_BATCHES * self.batch_groups
+        self.updated()
 
     def group_dropped(self) -> bool:
         """Count one dropped group; True when the run should say it is starved."""
@@ -98,8 +98,8 @@ class Starvation:
         return True
 
     def updated(self) -> None:
-        self.dropped = 0
-        self.__post_init__()
+        """The learner trained: count from zero again."""
+        self.dropped, self.warn_at = 0, STARVED_BATCHES * self.batch_groups
 
 
 def starved_note(*, complete: int, all_fail: int, all_succeed: int) -> str:
