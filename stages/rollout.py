@@ -24,6 +24,7 @@ Cancellation: only the group's own scope is caught here; a cancel from outside (
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -80,6 +81,45 @@ class _Record:
 class _Cut:
     reason: str
     value: float
+
+
+class _TimedStep:
+    """One `env.step` for a worker thread, timed by the thread itself: its deadline is the step's own
+    running time, so a loop stalled by other work (a learner holding the GIL, a loaded machine) or a late
+    thread start does not fail a step that returned in time. `finished` is set from the thread through the
+    loop's token."""
+
+    def __init__(self, env: Environment, action: str) -> None:
+        self.env, self.action = env, action
+        self.token = trio.lowlevel.current_trio_token()
+        self.finished = trio.Event()
+        self.started: float | None = None
+        self.seconds: float | None = None
+        self.result: StepResult | None = None
+        self.error: BaseException | None = None
+
+    def __call__(self) -> None:
+        self.started = time.perf_counter()
+        try:
+            self.result = self.env.step(self.action)
+        except Exception as error:  # handed to the loop, which raises it in the trajectory
+            self.error = error
+        self.seconds = time.perf_counter() - self.started
+        try:
+            self.token.run_sync_soon(self.finished.set)
+        except trio.RunFinishedError:  # an abandoned step that outlived the run: nobody waits for it
+            pass
+
+    def running_for(self) -> float:
+        return 0.0 if self.started is None else time.perf_counter() - self.started
+
+    def outcome(self, timeout_s: float) -> StepResult:
+        if self.seconds is None or self.seconds > timeout_s:
+            raise trio.TooSlowError(f"env.step ran past rollout.step_timeout_s = {timeout_s:g} s")
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,11 +357,20 @@ class RolloutStage:
     async def _env_step(self, env: Environment, action: str) -> StepResult:
         """`env.step`, or with `step_timeout_s` > 0 the same in a worker thread under a deadline: a step that
         hangs fails its trajectory (trio.TooSlowError) and its thread is abandoned; the trajectory's
-        `env.close()` follows at once, and an environment whose step can hang should let close() end it."""
-        if not self.step_timeout_s:
+        `env.close()` follows at once, and an environment whose step can hang should let close() end it.
+        The deadline is the step's own running time (`_TimedStep`); the loop's clock bounds the wait at
+        twice `step_timeout_s` (a virtual clock, a thread that never starts)."""
+        timeout = self.step_timeout_s
+        if not timeout:
             return env.step(action)
-        with trio.fail_after(self.step_timeout_s):
-            return await trio.to_thread.run_sync(env.step, action, abandon_on_cancel=True, limiter=self._env_threads)
+        step = _TimedStep(env, action)
+        with trio.move_on_after(timeout):
+            await trio.to_thread.run_sync(step, abandon_on_cancel=True, limiter=self._env_threads)
+        with trio.move_on_after(timeout):  # the loop's deadline passed first: the step's own clock decides
+            while step.seconds is None and step.running_for() < timeout:
+                with trio.move_on_after(timeout - step.running_for()):
+                    await step.finished.wait()
+        return step.outcome(timeout)
 
     async def _agent_loop(self, group_id: int, task: Task, record: _Record, env: Environment) -> None:
         async def on_step(step: EpisodeStep) -> None:
