@@ -96,7 +96,7 @@ class _TimedStep:
         self.started: float | None = None
         self.seconds: float | None = None
         self.result: StepResult | None = None
-        self.error: BaseException | None = None
+        self.error: Exception | None = None
 
     def __call__(self) -> None:
         self.started = time.perf_counter()
