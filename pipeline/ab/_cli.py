@@ -197,7 +197,7 @@ def write_report(ab_dir: Path, baseline: str | None = None, keep_loaded_wall: bo
     if report["loaded_runs_set_aside"]:
         report["notes"].append("runs the machine's load flagged, set aside and run again (kept, not counted): "
                                + ", ".join(report["loaded_runs_set_aside"]))
-    report["plots"] = write_plots(ab_dir, {a: [r.curve for r in records if r.arm == a] for a in arms}, report)
+    report["plots"] = write_plots(ab_dir, {a: {r.seed: r.curve for r in records if r.arm == a} for a in arms}, report)
     if not report["plots"]:
         report["notes"].append("no plots: matplotlib is not installed (pip install rollcut[plot])")
     report["study"] = {k: plan.get(k) for k in ("budget", "base_config", "set", "seeds")} | {

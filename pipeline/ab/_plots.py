@@ -1,8 +1,10 @@
 """The study's PNG plots via matplotlib's Agg `Figure` (the `plot` extra; skipped with a note without it).
 
-    curves.png      held-out success vs GRPO wall seconds: per arm the mean over seeds (a seed holds its last
-                    measurement), shaded min..max, dots at the measurements
-    wall_ratio.png  each arm's wall clock x the baseline's, with its paired bootstrap interval
+    curves.png          held-out success vs GRPO wall seconds: per arm the mean over seeds (a seed holds its last
+                        measurement), shaded min..max, dots at the measurements
+    curves_by_seed.png  the same, one panel per seed (two or more seeds): every arm's own curve, where the mean's band
+                        would hide a seed unlike the others (one that never learns spans the whole band)
+    wall_ratio.png      each arm's wall clock x the baseline's, with its paired bootstrap interval
 """
 
 from __future__ import annotations
@@ -33,26 +35,32 @@ def _figure() -> Any:
     return Figure
 
 
-def write_plots(out_dir: Path, curves: Mapping[str, Sequence[Sequence[CurvePoint]]], report: Mapping[str, Any]) -> list[str]:
+Curves = Mapping[str, Mapping[int, Sequence[CurvePoint]]]  # arm -> seed -> its held-out curve
+
+
+def write_plots(out_dir: Path, curves: Curves, report: Mapping[str, Any]) -> list[str]:
     """Write the plots; returns the file names written (empty without matplotlib: pip install rollcut[plot])."""
     figure = _figure()
     if figure is None:
         return []
     written = []
-    if any(c for cs in curves.values() for c in cs):
+    if any(c for by_seed in curves.values() for c in by_seed.values()):
         _curves_png(figure, out_dir / "curves.png", curves)
         written.append("curves.png")
+        if len({s for by_seed in curves.values() for s, c in by_seed.items() if c}) > 1:
+            _curves_by_seed_png(figure, out_dir / "curves_by_seed.png", curves)
+            written.append("curves_by_seed.png")
     if report["comparisons"]:
         _ratio_png(figure, out_dir / "wall_ratio.png", report)
         written.append("wall_ratio.png")
     return written
 
 
-def _curves_png(figure: Any, path: Path, curves: Mapping[str, Sequence[Sequence[CurvePoint]]]) -> None:
+def _curves_png(figure: Any, path: Path, curves: Curves) -> None:
     fig = figure(figsize=(8, 4.5), layout="constrained")
     ax = fig.subplots()
-    for arm, seeds in curves.items():
-        seeds = [c for c in seeds if c]
+    for arm, by_seed in curves.items():
+        seeds = [c for c in by_seed.values() if c]
         if not seeds:
             continue
         grid = np.linspace(0.0, max(c[-1].wall_s for c in seeds), 200)  # [T]
@@ -62,12 +70,37 @@ def _curves_png(figure: Any, path: Path, curves: Mapping[str, Sequence[Sequence[
             ax.fill_between(grid, np.nanmin(values, axis=0), np.nanmax(values, axis=0), step="post", alpha=0.2, color=line.get_color())
         for c in seeds:  # the measurements themselves
             ax.plot([p.wall_s for p in c], [p.mean for p in c], "o", markersize=3, alpha=0.6, color=line.get_color())
+    _success_axes(ax)
+    ax.legend(fontsize="small")
+    fig.savefig(path, dpi=110)
+
+
+def _curves_by_seed_png(figure: Any, path: Path, curves: Curves) -> None:
+    seeds = sorted({s for by_seed in curves.values() for s, c in by_seed.items() if c})
+    cols = min(3, len(seeds))
+    rows = -(-len(seeds) // cols)
+    fig = figure(figsize=(4.2 * cols, 3.2 * rows), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(rows, cols, sharey=True, squeeze=False)).ravel()
+    colors = {arm: f"C{i}" for i, arm in enumerate(curves)}  # one colour per arm in every panel
+    for ax, seed in zip(axes, seeds, strict=False):
+        for arm, by_seed in curves.items():
+            if c := by_seed.get(seed):
+                ax.step([p.wall_s for p in c], [p.mean for p in c], where="post", marker="o", markersize=3,
+                        color=colors[arm], label=arm)
+        ax.set_title(f"seed {seed}", fontsize="medium")
+        _success_axes(ax)
+    for ax in axes[len(seeds):]:
+        ax.set_axis_off()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 3), fontsize="small")
+    fig.savefig(path, dpi=110)
+
+
+def _success_axes(ax: Any) -> None:
     ax.set_xlabel("GRPO wall clock (s)")
     ax.set_ylabel("held-out success (seen + unseen)")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.savefig(path, dpi=110)
 
 
 def _ratio_png(figure: Any, path: Path, report: Mapping[str, Any]) -> None:

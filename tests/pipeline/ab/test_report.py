@@ -1,9 +1,7 @@
-import numpy as np
 import pytest
 
 from pipeline.ab._markdown import report_markdown
-from pipeline.ab._plots import step_values
-from pipeline.ab._report import CurvePoint, RunRecord, build_report, curve_from, run_figures
+from pipeline.ab._report import RunRecord, build_report, curve_from, run_figures
 from pipeline.ab._timing import TimeToTarget, time_to_target
 
 
@@ -111,13 +109,6 @@ def test_markdown_says_n_a_for_absent_figures():
     text = report_markdown(build_report(records, arms=["base", "x"], seeds=[0], baseline="base", resamples=100), "s")
     assert "| x | 1 | 90.0 | 0.900 [0.900, 0.900] (n=1, range) |" in text
     assert "n/a / n/a" in text  # no gate precision / recall in these summaries
-
-
-def test_step_values_hold_the_last_measurement():
-    curve = [CurvePoint(0.0, 0.1), CurvePoint(10.0, 0.5), CurvePoint(20.0, 0.3)]
-    values = step_values(curve, np.array([-1.0, 0.0, 9.9, 10.0, 25.0]))
-    assert np.isnan(values[0])
-    assert list(values[1:]) == [0.1, 0.1, 0.5, 0.3]
 
 
 def test_time_to_target_is_the_publish_stamp_and_an_unreached_seed_is_censored_at_its_budget():

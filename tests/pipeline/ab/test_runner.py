@@ -81,7 +81,7 @@ def test_runs_interleaved_then_resumes_without_rerunning(study):
     assert report["comparisons"]["gated"]["wall_ratio"]["estimate"] == pytest.approx(0.5)
     assert report["comparisons"]["gated"]["wall_ratio"]["seeds"] == [0, 1]
     assert report["missing"] == []
-    assert {"report.md", "curves.png", "wall_ratio.png", "plan.json"} <= {p.name for p in ab_dir.iterdir()}
+    assert {"report.md", "curves.png", "curves_by_seed.png", "wall_ratio.png", "plan.json"} <= {p.name for p in ab_dir.iterdir()}
 
     assert run() == 0
     assert ran() == []  # every arm x seed has its summary.json
