@@ -6,13 +6,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from ._plots import PLOTS
 from ._stats import MIN_BOOTSTRAP_SEEDS
-
-_PLOTS = {  # what each plot of pipeline/ab/_plots.py shows, for the report's last line
-    "curves.png": "held-out success vs wall seconds, mean of seeds, band = min..max",
-    "curves_by_seed.png": "the same, one panel per seed",
-    "wall_ratio.png": "wall clock × baseline with its interval",
-}
 
 
 def _num(value: Any, fmt: str = ".4g") -> str:
@@ -89,7 +84,7 @@ def report_markdown(report: Mapping[str, Any], title: str) -> str:
         lines += ["", "Not finished: " + ", ".join(f"{m['arm']} seed {m['seed']}" for m in report["missing"]) + "."]
     if report["notes"]:
         lines += ["", "## Notes", "", *[f"- {n}" for n in report["notes"]]]
-    if plots := [f"`{name}` ({_PLOTS[name]})" for name in report.get("plots", []) if name in _PLOTS]:
+    if plots := [f"`{name}` ({PLOTS[name]})" for name in report.get("plots", []) if name in PLOTS]:
         lines += ["", "Plots: " + ", ".join(plots) + "."]
     return "\n".join(lines) + "\n"
 

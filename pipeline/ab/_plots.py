@@ -37,6 +37,12 @@ def _figure() -> Any:
 
 Curves = Mapping[str, Mapping[int, Sequence[CurvePoint]]]  # arm -> seed -> its held-out curve
 
+PLOTS = {  # each plot's file name and what it shows, as report.md names it
+    "curves.png": "held-out success vs wall seconds, mean of seeds, band = min..max",
+    "curves_by_seed.png": "the same, one panel per seed",
+    "wall_ratio.png": "wall clock × baseline with its interval",
+}
+
 
 def write_plots(out_dir: Path, curves: Curves, report: Mapping[str, Any]) -> list[str]:
     """Write the plots; returns the file names written (empty without matplotlib: pip install rollcut[plot])."""
@@ -44,12 +50,13 @@ def write_plots(out_dir: Path, curves: Curves, report: Mapping[str, Any]) -> lis
     if figure is None:
         return []
     written = []
-    if any(c for by_seed in curves.values() for c in by_seed.values()):
+    seeds = sorted({s for by_seed in curves.values() for s, c in by_seed.items() if c})  # those with a curve
+    if seeds:
         _curves_png(figure, out_dir / "curves.png", curves)
         written.append("curves.png")
-        if len({s for by_seed in curves.values() for s, c in by_seed.items() if c}) > 1:
-            _curves_by_seed_png(figure, out_dir / "curves_by_seed.png", curves)
-            written.append("curves_by_seed.png")
+    if len(seeds) > 1:
+        _curves_by_seed_png(figure, out_dir / "curves_by_seed.png", curves, seeds)
+        written.append("curves_by_seed.png")
     if report["comparisons"]:
         _ratio_png(figure, out_dir / "wall_ratio.png", report)
         written.append("wall_ratio.png")
@@ -75,12 +82,11 @@ def _curves_png(figure: Any, path: Path, curves: Curves) -> None:
     fig.savefig(path, dpi=110)
 
 
-def _curves_by_seed_png(figure: Any, path: Path, curves: Curves) -> None:
-    seeds = sorted({s for by_seed in curves.values() for s, c in by_seed.items() if c})
+def _curves_by_seed_png(figure: Any, path: Path, curves: Curves, seeds: Sequence[int]) -> None:
     cols = min(3, len(seeds))
     rows = -(-len(seeds) // cols)
     fig = figure(figsize=(4.2 * cols, 3.2 * rows), layout="constrained")
-    axes = np.atleast_1d(fig.subplots(rows, cols, sharey=True, squeeze=False)).ravel()
+    axes = fig.subplots(rows, cols, sharey=True, squeeze=False).ravel()
     colors = {arm: f"C{i}" for i, arm in enumerate(curves)}  # one colour per arm in every panel
     for ax, seed in zip(axes, seeds, strict=False):
         for arm, by_seed in curves.items():
