@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pipeline.messages import GroupResult, Trajectory, TrajectoryStatus
+from pipeline.outcomes import is_zero_variance, label_rewards
 
 from .advantages import discounted_returns, group_advantages, step_advantages
 
@@ -43,6 +44,11 @@ class ItemCounts:
     invalid_actions: int = 0
     step_signal: int = 0
     """Turns whose step-level advantage is non-zero (a same-state comparison told their action apart)."""
+    stale_tokens: int = 0
+    """Tokens of the turns dropped as stale (`dropped_stale`)."""
+    stale_zero_variance: int = 0
+    stale_tokens_zero_variance: int = 0
+    """Of the stale turns and their tokens, those of zero-variance groups (the ledger of work by fate splits them)."""
 
 
 def build_items(
@@ -67,7 +73,7 @@ def build_items(
     same anchor state; `learner.advantages.step_advantages`).
     """
     items: list[TrainItem] = []
-    stale = zero = turns = invalid = step_signal = 0
+    stale = zero = turns = invalid = step_signal = stale_tokens = stale_zv = stale_tokens_zv = 0
     trajectory_index = 0
     for group in groups:
         if group.cut:
@@ -76,6 +82,7 @@ def build_items(
         if len(usable) < 2:
             continue
         episode, steps = _turn_advantages(usable, eps, gamma if step_weight else None)
+        zero_variance = is_zero_variance(label_rewards(group))
         for trajectory, trajectory_advantage, step_terms in zip(usable, episode, steps, strict=True):
             trajectory_index += 1
             for turn, step_term in zip(trajectory.turns, step_terms, strict=True):
@@ -93,6 +100,9 @@ def build_items(
                 lag = learner_version - turn.policy_version
                 if max_staleness is not None and lag > max_staleness:
                     stale += 1
+                    stale_tokens += len(turn.token_ids)
+                    stale_zv += zero_variance
+                    stale_tokens_zv += len(turn.token_ids) if zero_variance else 0
                     continue
                 items.append(
                     TrainItem(
@@ -100,7 +110,8 @@ def build_items(
                         turn.admissible, turn.choices, turn.nucleus,
                     )
                 )
-    counts = ItemCounts(dropped_stale=stale, zero_advantage=zero, turns=turns, invalid_actions=invalid, step_signal=step_signal)
+    counts = ItemCounts(dropped_stale=stale, zero_advantage=zero, turns=turns, invalid_actions=invalid, step_signal=step_signal,
+                        stale_tokens=stale_tokens, stale_zero_variance=stale_zv, stale_tokens_zero_variance=stale_tokens_zv)
     return items, counts
 
 

@@ -103,9 +103,9 @@ class LearnerStage:
     def _refusal(self, group: GroupResult) -> GroupsConsumed | None:
         if group.cut:
             log.error("learner.cut_group_refused", group_id=group.group_id)
-            return GroupsConsumed(cut=True)
+            return GroupsConsumed(cut=True, group_id=group.group_id)
         if self.cfg.drop_zero_variance and is_zero_variance(label_rewards(group)):
-            return GroupsConsumed(zero_variance=True)
+            return GroupsConsumed(zero_variance=True, group_id=group.group_id)
         return None
 
     async def _train(self, receive: trio.MemoryReceiveChannel[GroupResult], ctx: StageContext) -> None:
@@ -124,6 +124,7 @@ class LearnerStage:
                 await self.reports.send(LearnerReport(
                     version=self.version, stats=stats, train_seconds=trio.current_time() - started, weights=weights,
                     trainer_state=state, groups_trained=len(batch),
+                    group_ids=tuple(g.group_id for g in batch),
                 ))
                 batch = []
 

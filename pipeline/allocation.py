@@ -64,6 +64,11 @@ class SlotPool:
         self._advance()
         self.busy -= n
 
+    def busy_seconds(self) -> float:
+        """Busy slot-seconds since start_clock()."""
+        self._advance()
+        return self._busy_seconds
+
     def occupancy(self) -> float:
         """Busy slot-seconds / total slot-seconds since start_clock(); NaN before any time passed."""
         self._advance()
@@ -138,6 +143,18 @@ class AdmissionLoop:
         self.backfills = 0
         """Admissions made into slots freed by a cut group (the gate's saving put back to work)."""
         self._backfill_credit = 0
+        self._held = 0
+        """Free slots the staleness pacer holds idle as of the last pass (0 when it allows an admission)."""
+        self._held_since: float | None = None
+        self._held_slot_s = 0.0
+
+    def held_slot_seconds(self) -> float:
+        """Slot-seconds that were free while the staleness pacer refused admission (decoders held by the pacer)."""
+        now = self.slots._clock()
+        if self._held_since is not None:
+            self._held_slot_s += self._held * (now - self._held_since)
+        self._held_since = now
+        return self._held_slot_s
 
     def wake(self) -> None:
         self._changed.set()
@@ -155,6 +172,7 @@ class AdmissionLoop:
 
     def admit_ready(self) -> int:
         """Admit as many groups as allowed right now; returns how many started."""
+        self.held_slot_seconds()  # the hold so far, at the state the last pass left
         started = 0
         while self.pacer.can_admit() and self.slots.free > 0:
             admission = self.policy.next_admission(self.slots.free)
@@ -175,6 +193,7 @@ class AdmissionLoop:
             self.groups_admitted += 1
             self._start_group(group_id, admission)
             started += 1
+        self._held = self.slots.free if not self.pacer.can_admit() else 0
         return started
 
     @property

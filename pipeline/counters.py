@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .histogram import LogHistogram
+from .ledger import WorkLedger
 from .messages import GroupResult
 from .outcomes import FIRST_STAGE_KINDS, is_zero_variance, label_rewards
 
@@ -31,6 +32,8 @@ class GroupsConsumed:
     zero_variance: bool = False
     cut: bool = False
     """Why: a zero-variance group (dropped by `learner.drop_zero_variance`) or a cut one (refused)."""
+    group_id: int = -1
+    """The training group dropped (-1: not said)."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,8 @@ class LearnerReport:
     """`Trainer.state_dict()` at this update boundary (for checkpoints), or None when not asked for."""
     groups_trained: int
     """Groups trained on by this update (they are consumed too)."""
+    group_ids: tuple[int, ...] = ()
+    """Their group ids (the ledger of work by fate settles them: `pipeline/ledger.py`)."""
 
 
 @dataclass
@@ -97,6 +102,8 @@ class PhaseCounters:
     kinds_by_family: dict[str, dict[str, int]] = field(default_factory=dict)
     """Complete groups per task family and kind ({family: {all_fail, mixed, all_succeed: count}}): which
     families can teach (mixed) and which the policy never or always wins."""
+    ledger: WorkLedger = field(default_factory=WorkLedger)
+    """Decoder work by fate (`pipeline/ledger.py`): the lifecycle and the learner's reports settle each group's."""
     window_rollouts: int = 0
     window_successes: int = 0
     window_steps_at: int = 0
@@ -143,11 +150,13 @@ class PhaseCounters:
         self.lag_sum += stats.get("staleness_lag_mean", 0.0) * items
         self.items_dropped_stale += int(stats.get("learner/items_dropped_stale", 0.0))
         self.items_beyond_max += int(stats.get("learner/items_beyond_max", 0.0))
+        self.ledger.learner_trained(report.group_ids, train_seconds=report.train_seconds, stale=stats)
 
     def learner_dropped(self, dropped: GroupsConsumed) -> None:
         self.groups_received += 1
         self.groups_dropped_zero_variance += dropped.zero_variance
         self.cut_groups_refused += dropped.cut
+        self.ledger.learner_dropped(dropped.group_id, cut=dropped.cut)
 
     def heldout_measured(self, row: dict[str, Any], seconds: float) -> None:
         self.evaluations.append(row)

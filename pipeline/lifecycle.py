@@ -19,6 +19,7 @@ import trio
 
 from .allocation import AdmissionLoop, AllocatorPolicy, SlotPool, StalenessPacer
 from .counters import PhaseCounters
+from .ledger import Work
 from .messages import AnyMessage, GroupResult, TrajectoryStatus
 from .outcomes import FIRST_STAGE_KINDS, MergedOutcomes, label_rewards
 
@@ -59,7 +60,8 @@ class GroupLifecycle:
         self.events = events
         self.rollout: GroupRunner | None = None
         self.admission = AdmissionLoop(allocator, slots, pacer, self._start)
-        self.merged = MergedOutcomes(on_settled=lambda rewards, _: counters.prompt_settled(rewards, group_size), window=64)
+        self.merged = MergedOutcomes(on_settled=self._settled, window=64)
+        self._group_size = group_size
         self._groups: trio.Nursery | None = None
 
     @property
@@ -92,9 +94,16 @@ class GroupLifecycle:
         self.allocator.on_update(version)
         self.admission.wake()
 
-    def finish(self) -> None:
-        """Settle every prompt still open (the phase ended)."""
+    def finish(self, running: Work | None = None) -> None:
+        """The phase ended: groups not trained by now, and `running` (the work of the groups it cancelled), are
+        unfinished in the ledger; then settle every prompt still open."""
+        self.counters.ledger.run_ended(running or Work())
         self.merged.flush()
+
+    def _settled(self, rewards: list[float], root: object) -> None:
+        self.counters.prompt_settled(rewards, self._group_size)
+        if isinstance(root, int):
+            self.counters.ledger.prompt_settled(root)
 
     def _start(self, group_id: int, admission: Any) -> None:
         assert self._groups is not None
@@ -105,10 +114,11 @@ class GroupLifecycle:
         kind = getattr(admission, "kind", "group")
         parent = getattr(admission, "parent", None)
         if kind in FIRST_STAGE_KINDS:
-            self.merged.open_root(group_id, kind)
+            self.merged.open_root(group_id, kind, data=group_id)
         else:
             self.merged.open_child(group_id, parent)
         result = await self.rollout.run_group(group_id, admission.task_id, admission.size, kind=kind, parent=parent)
+        root = self.counters.ledger.group_finished(result)  # before any await: a cancel now cannot lose its work
         cut_slots = sum(t.status == TrajectoryStatus.CUT for t in result.trajectories) if result.cut else 0
         self.admission.group_finished(cut_slots=cut_slots)
         self.counters.group_finished(result)
@@ -117,6 +127,7 @@ class GroupLifecycle:
         else:
             self.merged.add(group_id, label_rewards(result))
         training = self._training_groups(result)
+        self.counters.ledger.answered(root, training)
         self.pacer.finished(len(training))
         await self.events.send(result)
         for group in training:

@@ -150,6 +150,9 @@ class GroupResult(_Message):
     kind: str = "group"
     """The admission kind the group ran as (see `GroupOpened.kind`)."""
     parent: int | None = None
+    env_steps: int = 0
+    """Env steps this rollout group spent (counted as they ran: a turn whose env step never ran is not one); a
+    group merged by an allocator keeps its first part's (`pipeline/ledger.py` counts rollout groups)."""
 
 
 class GroupExpected(_Message):
@@ -200,6 +203,8 @@ class LearnerUpdated(_Message):
     """The new policy weights, `pipeline.tensors.pack`ed (never a pickle)."""
     trainer_state: bytes = b""
     """`Trainer.state_dict()`, `pipeline.tensors.pack`ed (empty: not asked for)."""
+    group_ids: list[int] = []
+    """The training groups the update trained on (`LearnerReport.group_ids`)."""
 
 
 class LearnerDropped(_Message):
@@ -207,6 +212,8 @@ class LearnerDropped(_Message):
 
     zero_variance: bool = False
     cut: bool = False
+    group_id: int = -1
+    """The training group dropped (-1: not said)."""
 
 
 class GateReport(_Message):

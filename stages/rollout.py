@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import structlog
 import trio
 
+from pipeline.ledger import Work
 from pipeline.messages import (
     AnyMessage,
     CancelGroup,
@@ -75,6 +76,10 @@ class _Record:
             status=self.status,
             error=self.error,
         )
+
+
+def _tokens(records: list[_Record]) -> int:
+    return sum(len(turn.token_ids) for r in records for turn in r.turns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +196,10 @@ class RolloutStage:
         self.shadow_cancels = 0
         self._groups_started = 0
         """Group ids below this one were started here (ids ascend)."""
+        self._work: dict[int, tuple[list[int], list[_Record]]] = {}
+        """Running groups: their env steps so far (one counter) and their records (for their tokens)."""
+        self.abandoned = Work()
+        """Groups cancelled from outside (the phase ended while they ran): their work, for the ledger's unfinished fate."""
 
     async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the control PULL until cancelled (started with the address it bound; groups run through
@@ -268,13 +277,36 @@ class RolloutStage:
         task = self.tasks[task_id]
         started = self.clock()
         self._groups_started = max(self._groups_started, group_id + 1)
-        await self.steps_out.send(
-            GroupOpened(
-                group_id=group_id, task_id=task_id, size=size, policy_version=self.policy.version,
-                admitted_at=started, kind=kind, parent=parent,
-            )
-        )
         records = [_Record(i) for i in range(size)]
+        steps = [0]
+        self._work[group_id] = (steps, records)
+        returned = False
+        try:
+            await self.steps_out.send(
+                GroupOpened(
+                    group_id=group_id, task_id=task_id, size=size, policy_version=self.policy.version,
+                    admitted_at=started, kind=kind, parent=parent,
+                )
+            )
+            result = await self._run_members(group_id, task, records, size, kind, parent, started, steps)
+            returned = True
+            return result
+        finally:
+            self._work.pop(group_id, None)
+            if not returned:  # cancelled from outside: the phase ended while it ran
+                self.abandoned.add(Work(1, steps[0], _tokens(records)))
+
+    def running_work(self) -> Work:
+        """The work of the groups running now (their env steps and recorded tokens so far)."""
+        total = Work()
+        for steps, records in self._work.values():
+            total.add(Work(1, steps[0], _tokens(records)))
+        return total
+
+    async def _run_members(
+        self, group_id: int, task: Task, records: list[_Record], size: int, kind: str, parent: int | None, started: float,
+        steps: list[int],
+    ) -> GroupResult:
         scope = trio.CancelScope()
         self._scopes[group_id] = scope
         if is_gated(kind, size):
@@ -293,7 +325,7 @@ class RolloutStage:
             self.cuts_late += 1
         result = GroupResult(
             group_id=group_id,
-            task_id=task_id,
+            task_id=task.task_id,
             trajectories=[r.freeze() for r in records],
             cut=cut is not None,
             cut_reason=cut.reason if cut else "",
@@ -301,6 +333,7 @@ class RolloutStage:
             wall_s=self.clock() - started,
             kind=kind,
             parent=parent,
+            env_steps=steps[0],
         )
         await self.steps_out.send(
             GroupClosed(
@@ -373,8 +406,11 @@ class RolloutStage:
         return step.outcome(timeout)
 
     async def _agent_loop(self, group_id: int, task: Task, record: _Record, env: Environment) -> None:
+        group_steps = self._work[group_id][0]
+
         async def on_step(step: EpisodeStep) -> None:
             self.env_steps += 1
+            group_steps[0] += 1
             self.profiler.items("rollout", 1)
             record.reward = step.reward
             await self.steps_out.send(

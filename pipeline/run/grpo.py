@@ -79,6 +79,10 @@ class GrpoOutcome:
     trajectory_slot_occupancy: float
     dropped_frames: dict[str, dict[str, int]] = field(default_factory=dict)
     """Frames dropped by each receiving socket, by reason (bad frames, forged or inconsistent messages)."""
+    pacer_held_slot_s: float = 0.0
+    busy_slot_s: float = 0.0
+    """This segment's slot-seconds held free by the staleness pacer, and busy, at the phase's end (the ledger's idle
+    fractions)."""
 
     @property
     def env_steps(self) -> int:
@@ -154,7 +158,7 @@ async def run_grpo(
                 work.cancel_scope.cancel("GRPO phase finished")  # no update or rollout after the last one
             await _finish(w, outcome.stop_reason, observers_done)
             nursery.cancel_scope.cancel("GRPO phase finished")
-    phase.lifecycle.finish()
+    phase.lifecycle.finish(w.rollout.abandoned)
     if w.stages.gate is not None:
         w.stages.gate.finish()
     outcome.dropped_frames = resume.add_counts(phase.counters.resumed_dropped_frames, dropped_frames())
@@ -234,6 +238,7 @@ async def _until_done(w: _Wiring, stop: trio.Event | None) -> GrpoOutcome:
         stop_reason=stop_reason, wall_s=wall, rollout_wall_s=window, updates=phase.version, counters=phase.counters,
         lifecycle=phase.lifecycle, rollout=w.rollout, gate=phase.gate, allocator=phase.allocator, slot_occupancy=phase.slots.occupancy(),
         trajectory_slot_occupancy=w.rollout.running_seconds() / (cfg.rollout.slots * window) if window > 0 else float("nan"),
+        pacer_held_slot_s=phase.lifecycle.admission.held_slot_seconds(), busy_slot_s=phase.slots.busy_seconds(),
     )
 
 

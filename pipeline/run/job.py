@@ -20,6 +20,7 @@ import trio
 
 from learner.trainer import Trainer, published_weights
 from pipeline.config import RunConfig, dump_toml
+from pipeline.ledger import ledger_table
 from pipeline.machine_load import watching
 from pipeline.memory import tune_malloc
 from pipeline.profiling import Profiler
@@ -295,6 +296,7 @@ async def _finish(
         "Per-stage profile": report.table_markdown(),
         f"Held-out success by family ({cfg.eval.range} range)": family_table(before, after),
         "Training groups by family": group_kinds_table(outcome.counters.kinds_by_family),
+        "Decoder work by fate": ledger_table(figures["ledger"]),
     })
     log.info("job.finished", **{k: v for k, v in figures.items() if not isinstance(v, dict | list)})
     if interrupted:

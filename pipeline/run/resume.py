@@ -8,7 +8,7 @@ a learner-update boundary (the learner thread is idle then, so weights, optimize
     policy            the backend's own sampling state, if it has one (`sampling_state()`)
     allocator         `allocator.state_dict()` (groups in flight count as lost, see docs/allocators.md)
     grpo              counters of the phase (`PhaseCounters`), admission ids, env steps, learner version, gate counters,
-                      loop-lag histogram, GRPO wall time so far
+                      loop-lag histogram, GRPO wall time so far, the ledger of work by fate (`pipeline/ledger.py`)
     rng               Python's and torch's global generators
     job               what the job measured before GRPO (warm start time, held-out success before)
 
@@ -204,6 +204,10 @@ def restore_counters(state: Mapping[str, Any], *, counters: Any, admission: Any,
     for key in _ROLLOUT:
         setattr(rollout, key, state["rollout"].get(key, getattr(rollout, key)))
     counters.window_steps_at = rollout.env_steps
+    if "ledger" in state:
+        counters.ledger.load_state_dict(state["ledger"])
+    elif rollout.env_steps:  # a checkpoint from before the ledger: its env steps have no fate
+        counters.ledger.predates(rollout.env_steps)
     if gate is not None and state["gate"] is not None:
         gate.load_counters(state["gate"])
     return state["learner"]["version"]

@@ -80,6 +80,8 @@ def summary(
         "peak_rss_mb": peak_rss_mb(),
         "dropped_frames_total": sum(n for counts in outcome.dropped_frames.values() for n in counts.values()),
         "dropped_frames": outcome.dropped_frames,
+        "ledger": outcome.counters.ledger.figures(grpo_wall_s=outcome.wall_s, slots=cfg.rollout.slots,
+                                                  pacer_held_slot_s=outcome.pacer_held_slot_s, busy_slot_s=outcome.busy_slot_s),
     } | dict(machine_load or {})
 
 

@@ -211,6 +211,9 @@ def checkpoint_state(report: LearnerReport, phase: Phase) -> dict[str, Any]:
         gate=phase.gate, wall_s=phase.wall_s(),
     )
     grpo["dropped_frames"] = resume.add_counts(phase.counters.resumed_dropped_frames, phase.dropped_frames())
+    grpo["ledger"] = phase.counters.ledger.state_dict(
+        phase.rollout.running_work(), pacer_held_slot_s=phase.lifecycle.admission.held_slot_seconds(),
+        busy_slot_s=phase.slots.busy_seconds())
     return {
         "version": report.version,
         "trainer": report.trainer_state,

@@ -48,9 +48,15 @@ def test_turns_older_than_the_staleness_bound_are_dropped_and_counted():
     items, counts = build_items(groups, eps=1e-6, learner_version=5, max_staleness=1)
     assert counts.dropped_stale == 2
     assert [it.lag for it in items] == [0, 0]
+    assert (counts.stale_tokens, counts.stale_zero_variance) == (3 + 2, 0)  # a win's 3 tokens, a failure's 2
+    flat = _group(model, 3, [1.0, 1.0], version=3)  # zero variance: its turns are items only when zero advantage is kept
+    _, counts = build_items([*groups, flat], eps=1e-6, learner_version=5, max_staleness=1, keep_zero_advantage=True)
+    assert (counts.dropped_stale, counts.stale_tokens) == (4, 5 + 6)
+    assert (counts.stale_zero_variance, counts.stale_tokens_zero_variance) == (2, 6)
     trainer = Trainer(model, LearnerSection(lr=0.01, max_staleness=1), clipped_ratio_loss)
     _, stats = trainer.update(groups, version=5)
     assert stats["learner/items_dropped_stale"] == 2.0
+    assert stats["learner/tokens_dropped_stale"] == 5.0 and stats["learner/items_dropped_stale_zero_variance"] == 0.0
     assert stats["staleness_lag_max"] == 0.0
     _, stats = trainer.update([_group(model, 2, [1.0, 0.0], version=4)], version=5)
     assert stats["staleness_lag_max"] == 1.0 and stats["learner/items"] == 2.0
