@@ -5,6 +5,7 @@
     events.jsonl    structlog events (JSON lines) from every stage
     summary.json    the run's figures, machine-readable
     summary.md      the same as tables a person reads
+    commits.jsonl   the commit (and dirty flag) of each invocation, a resume appending its own (pipeline/provenance.py)
     profile.json    Chrome/Perfetto trace (pipeline.profiling), profile.png
     checkpoints/    final policy weights and allocator state
 """

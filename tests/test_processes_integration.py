@@ -111,6 +111,9 @@ def test_ctrl_c_stops_every_stage_process_and_the_run_resumes(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["learner_updates"] == 4 and summary["stop_reason"] == "updates"
     assert [r["iteration"] for r in _metrics(run_dir)] == [1, 2, 3, 4]
+    fates = summary["ledger"]["fates"]  # the learner process said which groups it trained, by id
+    assert fates["trained_informative"]["groups"] + fates["trained_zero_variance"]["groups"] == summary["groups_trained"]
+    assert sum(f["env_steps"] for f in fates.values()) == summary["env_steps"]
 
 
 def _stage_named(pids: list[int], stage: bytes) -> int:

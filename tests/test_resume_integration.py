@@ -85,6 +85,12 @@ def test_ctrl_c_after_first_update_then_resume_reaches_the_configured_updates(tm
     assert summary["env_steps"] >= rows[-1]["env_steps"] > rows[stopped_at - 1]["env_steps"]  # steps go on until the phase ends
     assert summary["grpo_wall_s"] >= rows[stopped_at - 1]["wall_s"]
     assert summary["heldout_success_after"] is not None and summary["peak_rss_mb"] > 0
+    ledger = summary["ledger"]  # the work of groups in flight at the checkpoint is unfinished, none lost
+    assert sum(f["env_steps"] for f in ledger["fates"].values()) == ledger["env_steps"] == summary["env_steps"]
+    assert ledger["fates"]["trained_informative"]["groups"] + ledger["fates"]["trained_zero_variance"]["groups"] == \
+        summary["groups_trained"]
+    commits = [json.loads(line) for line in (run_dir / "commits.jsonl").read_text().splitlines()]
+    assert [c["resumed"] for c in commits] == [False, True] and summary["run_commits"] == commits  # appended
 
 
 @pytest.mark.slow

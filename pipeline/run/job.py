@@ -25,6 +25,7 @@ from pipeline.machine_load import watching
 from pipeline.memory import tune_malloc
 from pipeline.profiling import Profiler
 from pipeline.progress import Progress
+from pipeline.provenance import invocations, record_invocation
 from pipeline.rundir import MetricsWriter, configure_logging, create_run_dir, write_summary
 from pipeline.task_ranges import heldout_ranges
 from pipeline.trackers import Trackers, finish_run, open_run_trackers
@@ -143,6 +144,7 @@ async def run_job(
     if resume_dir is not None:
         resume.trim_metrics(run_dir, checkpoint["version"] if checkpoint else 0)
         resume.atomic_write_text(run_dir / "config.toml", dump_toml(cfg))
+    record_invocation(run_dir, resumed=resume_dir is not None)  # appended, never overwritten (pipeline/provenance.py)
     events_file = configure_logging(run_dir)
     progress = progress or Progress(cfg.run.updates, enabled=cfg.run.progress)
     progress.activate()  # the warm start and held-out evaluations report through it
@@ -283,7 +285,8 @@ async def _finish(
     figures = summary(cfg, outcome, before, after, warm_start_s, wall_s,
                       profiler_overhead_pct=overhead["overhead_pct"] if overhead else None, generated_tokens=generated,
                       machine_load=parts.machine_load) | {"decoding_workers": getattr(policy, "workers", 1),
-                                                          "heldout_before_reused": parts.checkpointer.job.get("heldout_before_reused", False)}
+                                                          "heldout_before_reused": parts.checkpointer.job.get("heldout_before_reused", False),
+                                                          "run_commits": invocations(run_dir)}
     if outcome.counters.evaluations:
         write_learning_curve(
             run_dir / "learning_curve.png",
