@@ -8,7 +8,7 @@ import msgspec
 
 from .config_sections import _failed, _Section
 from .devices import device_problems
-from .task_ranges import CURVE_RANGES, DEFAULT_SIZES, RANGES
+from .task_ranges import CURVE_RANGES, CUT_ORDER, DEFAULT_SIZES, FINAL
 
 
 class LearnerSection(_Section):
@@ -117,9 +117,11 @@ class RangeSizes(_Section):
     dev: int = DEFAULT_SIZES["dev"]
     valid: int = DEFAULT_SIZES["valid"]
     test: int = DEFAULT_SIZES["test"]
+    final: int = DEFAULT_SIZES[FINAL]
+    """After test: read only by a declared verdict's runs (`eval.verdict`; `pipeline/task_ranges.py`)."""
 
     def problems(self) -> list[str]:
-        return _failed(*((getattr(self, name) >= 0, f"eval.ranges.{name} must be >= 0") for name in RANGES))
+        return _failed(*((getattr(self, name) >= 0, f"eval.ranges.{name} must be >= 0") for name in CUT_ORDER))
 
 
 class EvalSection(_Section):
@@ -145,13 +147,18 @@ class EvalSection(_Section):
     weights, environment, decoding and tasks) stored it, else measure and store it (`pipeline/run/before_cache.py`):
     an A/B study's arms share each seed's warm start. The key holds no code: clear `heldout-*.json` there after
     changing an environment's or a policy's code."""
+    verdict: str = ""
+    """The declared verdict (`configs/verdicts/<name>.toml`) this run measures for: set by the verdict runner
+    (`pipeline.verdict.HARNESS_KEYS`), never by hand. Only then may `range` be final (`pipeline/task_ranges.py`)."""
 
     def problems(self) -> list[str]:
         problems = self.ranges.problems() + _failed(
             (self.every >= 0, "eval.every must be >= 0"),
             (self.tasks >= 0, "eval.tasks must be >= 0"),
             (self.curve_tasks >= 0, "eval.curve_tasks must be >= 0"),
-            (self.range in RANGES, f"eval.range must be one of {', '.join(RANGES)}, not {self.range!r}"),
+            (self.range in CUT_ORDER, f"eval.range must be one of {', '.join(CUT_ORDER)}, not {self.range!r}"),
+            (self.range != FINAL or bool(self.verdict), f"eval.range = {FINAL!r} is read only by a declared verdict's runs "
+             f"(a configs/verdicts/ file with range = {FINAL!r}, run by bench/learn_seeds.py --verdict, sets eval.verdict)"),
             (self.curve_range in CURVE_RANGES, f"eval.curve_range must be one of {', '.join(CURVE_RANGES)}, not "
              f"{self.curve_range!r} (periodic curves and stop rules never look at the test range)"),
         )
@@ -163,7 +170,7 @@ class EvalSection(_Section):
 
     def sizes(self) -> dict[str, int]:
         """Tasks per split in each range: what `pipeline.task_ranges` cuts by."""
-        return {name: getattr(self.ranges, name) for name in RANGES}
+        return {name: getattr(self.ranges, name) for name in CUT_ORDER}
 
     def periodic_tasks(self) -> int:
         """Tasks per split of each periodic measure (0: no periodic measure can run)."""

@@ -1,4 +1,4 @@
-"""Declared verdicts: a figure measured on the `test` task range with new seeds, written down before it runs.
+"""Declared verdicts: a figure measured on a range no tuning read (final; test before), new seeds, declared first.
 
 A verdict is a committed TOML file, `configs/verdicts/<name>.toml`:
 
@@ -6,7 +6,8 @@ A verdict is a committed TOML file, `configs/verdicts/<name>.toml`:
     config = "configs/learn.toml"       # a preset, or "default" (the default run: configs/default.toml)
     set = ["eval.tasks=400"]            # overrides, as --set
     seeds = [100, 101, 102, 103, 104]   # new seeds, >= 100: no tuning ever ran on them
-    range = "test"                      # the before / after measure's task range: a verdict reads test
+    range = "final"                     # the before / after measure's task range: final (declared from issue 56
+                                        # on), or test (kept for comparison with the verdicts that read it)
     figure = "..."                      # what is measured and how it is summarised
     goal = "..."                        # what it must show, stated before it runs
     replaces = "..."                    # the dev figure it replaces (docs quote both)
@@ -34,10 +35,15 @@ from typing import Literal
 import msgspec
 
 from .config import ConfigError
+from .task_ranges import FINAL
+
+VERDICT_RANGES = ("test", FINAL)
+"""What a verdict's before / after measure may read: final for a verdict declared from issue 56 on; test is kept
+for the verdicts that read it (five by then)."""
 
 FIRST_VERDICT_SEED = 100
 """Seeds below this were used while tuning (0-2 above all); a verdict's seeds are new."""
-HARNESS_KEYS = ("run.seed", "run.name", "run.progress", "eval.range")
+HARNESS_KEYS = ("run.seed", "run.name", "run.progress", "eval.range", "eval.verdict")
 """What the verdict runner sets itself: a verdict's `set` may not (nor `run.out` in kind "ab": `run.py ab` sets it)."""
 
 
@@ -56,11 +62,14 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     target_heldout: float | None = None
     eval_every: int | None = None
     to_budget: bool = False
+    name: str = ""
+    """The file's stem (set by `load_verdict`): the runs get it as `eval.verdict`, which lets them read the final range."""
 
     def problems(self) -> list[str]:
         problems = []
-        if self.range != "test":
-            problems.append(f"range = {self.range!r}: a verdict reads the test range (dev and valid are for tuning and stop rules)")
+        if self.range not in VERDICT_RANGES:
+            problems.append(f"range = {self.range!r}: a verdict reads the {FINAL} range (or test, which earlier verdicts read; "
+                            "dev and valid are for tuning and stop rules)")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             problems.append("seeds: give at least one seed, each once")
         if [s for s in self.seeds if s < FIRST_VERDICT_SEED]:
@@ -88,8 +97,8 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         return problems
 
     def overrides(self) -> list[str]:
-        """`set`, then the range: what every run of the verdict gets besides its seed and folder."""
-        return [*self.set, f'eval.range="{self.range}"']
+        """`set`, then the range and the verdict's name: what every run of the verdict gets besides its seed and folder."""
+        return [*self.set, f'eval.range="{self.range}"', *([f'eval.verdict="{self.name}"'] if self.name else [])]
 
 
 def load_verdict(path: Path) -> Verdict:
@@ -104,6 +113,7 @@ def load_verdict(path: Path) -> Verdict:
         verdict = msgspec.convert(data, Verdict)
     except msgspec.ValidationError as exc:
         raise ConfigError([f"{path}: {exc}"]) from None
+    verdict = msgspec.structs.replace(verdict, name=path.stem)  # its name is its file's, whatever the file says
     if problems := verdict.problems():
         raise ConfigError([f"{path}: {p}" for p in problems])
     return verdict

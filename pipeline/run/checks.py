@@ -15,10 +15,12 @@ from gates.allocators import check_allocator
 from learner.aggregation import AGGREGATIONS
 from learner.losses import LOSSES
 from learner.schedules import LR_SCHEDULES
-from pipeline.config import RunConfig, load_config
+from pipeline.config import ConfigError, RunConfig, load_config
 from pipeline.plugins import option_problems
 from pipeline.stage import STAGES, build_stage
+from pipeline.task_ranges import FINAL
 from pipeline.trackers import tracker_problems
+from pipeline.verdict import load_verdict
 from stages import envs
 from stages.policy import check_backend
 
@@ -38,6 +40,7 @@ def name_checks(cfg: RunConfig) -> list[str]:
     problems += AGGREGATIONS.check(cfg.learner.aggregation, "learner.aggregation")
     problems += LR_SCHEDULES.check(cfg.learner.lr_schedule, "learner.lr_schedule")
     problems += tracker_problems(cfg.run.trackers, cfg.trackers)
+    problems += final_range_problems(cfg)
     problems += [f"allocator: {p}" for p in check_allocator(cfg.allocator.name, cfg.allocator.options)]
     for i, spec in enumerate(cfg.stages):
         stage_problems = STAGES.check(spec.target, f"stages[{i}].target")
@@ -45,6 +48,24 @@ def name_checks(cfg: RunConfig) -> list[str]:
             STAGES.get(spec.target), spec.options, f"stages[{i}].options", f"stage {spec.target!r}"
         )
     return problems + (build_checks(cfg) if not problems else [])
+
+
+VERDICTS = Path(__file__).resolve().parents[2] / "configs" / "verdicts"
+"""The declared verdicts of this source tree."""
+
+
+def final_range_problems(cfg: RunConfig, verdicts: Path = VERDICTS) -> list[str]:
+    """A run that reads the final range must name (`eval.verdict`) a declared verdict file that reads it
+    (`pipeline/task_ranges.py`: the config check asks for the name, this for the file)."""
+    if cfg.eval.range != FINAL or not cfg.eval.verdict:
+        return []
+    try:
+        verdict = load_verdict(verdicts / f"{cfg.eval.verdict}.toml")
+    except ConfigError as exc:
+        return [f"eval.verdict = {cfg.eval.verdict!r}: {problem}" for problem in exc.problems]
+    if verdict.range != FINAL:
+        return [f"eval.verdict = {cfg.eval.verdict!r}: that verdict reads range {verdict.range!r}, not {FINAL!r}"]
+    return []
 
 
 _BUILD_ERRORS = (TypeError, ValueError, LookupError, OSError, ImportError)

@@ -64,7 +64,8 @@ def heldout_tasks(cfg: RunConfig, suite: EnvSuite) -> dict[str, list[Task]]:
     (`pipeline/task_ranges.py`); a split with none there is left out with a warning (not "0.0%")."""
     if not cfg.eval.tasks:
         return {}
-    return heldout_ranges(suite.tasks, cfg.eval.splits, cfg.eval.range, cfg.eval.sizes(), cfg.eval.tasks)
+    return heldout_ranges(suite.tasks, cfg.eval.splits, cfg.eval.range, cfg.eval.sizes(), cfg.eval.tasks,
+                          verdict=cfg.eval.verdict)
 
 
 def curve_tasks(cfg: RunConfig, suite: EnvSuite) -> dict[str, list[Task]]:

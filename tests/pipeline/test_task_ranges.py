@@ -10,7 +10,7 @@ from pipeline.config import ConfigError, PolicySection, PretrainSection, load_co
 from pipeline.contracts import Task
 from pipeline.run.build import build_suite
 from pipeline.run.job import curve_tasks, heldout_tasks
-from pipeline.task_ranges import RANGES, heldout_ranges, range_bounds, task_range
+from pipeline.task_ranges import DEFAULT_SIZES, FINAL, RANGES, heldout_ranges, range_bounds, task_range
 from stages.envs.household.suite import HouseholdSuite
 from stages.policy.torch_tiny import torch_tiny_backend
 
@@ -23,7 +23,7 @@ def _tasks(n: int, split: str = "heldout_seen") -> list[Task]:
 
 
 def test_ranges_are_consecutive_disjoint_and_dev_comes_first():
-    assert range_bounds(SIZES) == {"dev": (0, 200), "valid": (200, 400), "test": (400, 800)}
+    assert range_bounds(SIZES) == {"dev": (0, 200), "valid": (200, 400), "test": (400, 800), "final": (800, 800)}
     tasks = _tasks(1000)
     chosen = {name: task_range(tasks, name, SIZES) for name in RANGES}
     assert [len(chosen[n]) for n in RANGES] == [200, 200, 400]
@@ -100,6 +100,7 @@ class _SpySuite(HouseholdSuite):
 def test_the_warm_start_with_noise_and_dagger_plays_train_tasks_only(tmp_path):
     suite = _SpySuite()
     heldout = {t.task_id for s in HELDOUT for name in RANGES for t in task_range(suite.tasks(s), name, SIZES)}
+    heldout |= {t.task_id for s in HELDOUT for t in task_range(suite.tasks(s), FINAL, DEFAULT_SIZES, verdict="spy")}
     suite.listed.clear()
     policy = PolicySection(max_new_tokens=8, cache_dir=str(tmp_path), options={
         "layers": 1, "d_model": 16, "heads": 2, "max_len": 128, "max_prompt_tokens": 100, "bc_eval_tasks": 0})

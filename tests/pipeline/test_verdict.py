@@ -20,7 +20,7 @@ def test_a_bad_verdict_lists_every_problem(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_verdict(path)
     text = str(info.value)
-    for fragment in ("a verdict reads the test range", "each once", "new ones, >= 100", "figure is empty",
+    for fragment in ("a verdict reads the final range", "each once", "new ones, >= 100", "figure is empty",
                      "sets run.seed itself", "sets eval.range itself", "needs arms", "needs a budget"):
         assert fragment in text, fragment
     path.write_text('kind = "seeds"\nseeds = [100]\nfigure = "f"\ngoal = "g"\ntarget_heldout = 0.4\n')

@@ -30,10 +30,11 @@ class HouseholdSuite:
     class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
         seed: int = 0
         train_size: Annotated[int, msgspec.Meta(ge=0)] = 3000
-        heldout_seen_size: Annotated[int, msgspec.Meta(ge=0)] = 800
-        heldout_unseen_size: Annotated[int, msgspec.Meta(ge=0)] = 800
-        """Each held-out split holds the three task ranges (`eval.ranges`: dev 200, valid 200, test 400); splits are
-        prefix-stable, so the first 600 tasks are those of the 600-task splits before the ranges existed."""
+        heldout_seen_size: Annotated[int, msgspec.Meta(ge=0)] = 1200
+        heldout_unseen_size: Annotated[int, msgspec.Meta(ge=0)] = 1200
+        """Each held-out split holds the four task ranges (`eval.ranges`: dev 200, valid 200, test 400, final 400);
+        splits are prefix-stable, so the first 600 tasks are those of the 600-task splits before the ranges existed
+        and the first 800 those of the 800-task splits before the final range."""
         layouts_per_room: Annotated[int, msgspec.Meta(ge=1)] = 40
         unseen_layouts_per_room: Annotated[int, msgspec.Meta(ge=1)] = 12
         unseen_combination_share: Annotated[float, msgspec.Meta(gt=0, lt=1)] = 0.2

@@ -23,7 +23,7 @@ def test_sizes_and_ids(suite):
 
 def test_default_sizes():
     suite = HouseholdSuite()
-    assert suite.sizes == {"train": 3000, "heldout_seen": 800, "heldout_unseen": 800}  # dev 200 + valid 200 + test 400
+    assert suite.sizes == {"train": 3000, "heldout_seen": 1200, "heldout_unseen": 1200}  # dev 200, valid 200, test 400, final 400
 
 
 def test_train_and_heldout_seen_are_disjoint_but_share_layouts(suite):
