@@ -17,8 +17,10 @@ recorded turns) lands in exactly one fate, decided where the group's end is deci
 
 A prompt's later groups (a Pilot-Commit commit, an AERO rescue) add to the prompt's first-stage group: their
 work shares its fate. A plain `group` is settled by the allocator's answer to it (released for training, or
-dropped); an extendable one (pilot, explore) when it is released, or when the group lifecycle settles its
-prompt without a release (`MergedOutcomes`: no later group came within its window): then the allocator dropped it.
+dropped); an extendable one (pilot, explore) when it is released, when the allocator says it dropped it (its
+`allocator/prompts_dropped` count rose while it answered), or when the group lifecycle settles its prompt
+without a release (`MergedOutcomes`: no later group came within its window; what a plugin allocator that counts
+no drops, or a Pilot-Commit pilot expiring in its queue, relies on).
 
 Pure accounting (no clock, no I/O): the group lifecycle, the update recorder and the summary call it.
 `env_steps` summed over the fates equals the rollout stage's `env_steps` (tests/pipeline/test_ledger.py and
@@ -131,8 +133,9 @@ class WorkLedger:
             self._close(root, "cut")
         return root
 
-    def answered(self, root: int, training: Iterable[GroupResult]) -> None:
-        """The allocator's answer to a finished group of prompt `root`: the training groups it released."""
+    def answered(self, root: int, training: Iterable[GroupResult], *, dropped: bool = False) -> None:
+        """The allocator's answer to a finished group of prompt `root`: the training groups it released, and
+        whether it said it dropped the prompt (its `allocator/prompts_dropped` count rose)."""
         for group in training:
             key = self._root_of.get(group.group_id, group.group_id)
             entry = self._open.pop(key, None)
@@ -142,7 +145,7 @@ class WorkLedger:
             rewards = label_rewards(group)
             self._pending[group.group_id] = _Pending(entry.work, is_zero_variance(rewards), outcome_fate(group))
         entry = self._open.get(root)
-        if entry is not None and not entry.extendable:
+        if entry is not None and (dropped or not entry.extendable):
             self._close(root, outcome_fate(entry.result) if entry.result is not None else "dropped_by_allocator")
 
     def prompt_settled(self, root: int) -> None:

@@ -25,6 +25,8 @@ from .outcomes import FIRST_STAGE_KINDS, MergedOutcomes, label_rewards
 
 log = structlog.get_logger(__name__)
 
+PROMPTS_DROPPED = "allocator/prompts_dropped"
+
 
 class GroupRunner(Protocol):
     """The part of the rollout stage the lifecycle needs."""
@@ -126,13 +128,20 @@ class GroupLifecycle:
             self.merged.discard(group_id)
         else:
             self.merged.add(group_id, label_rewards(result))
+        dropped_before = self._prompts_dropped()
         training = self._training_groups(result)
-        self.counters.ledger.answered(root, training)
+        self.counters.ledger.answered(root, training, dropped=self._prompts_dropped() > dropped_before)
         self.pacer.finished(len(training))
         await self.events.send(result)
         for group in training:
             await self.training.send(group)
         self.admission.wake()
+
+    def _prompts_dropped(self) -> float:
+        """The allocator's own count of prompts it dropped (every built-in reports `allocator/prompts_dropped`;
+        a plugin that does not leaves its unreleased pilots to settle by `MergedOutcomes`' window)."""
+        statistics = getattr(self.allocator, "statistics", None)
+        return float(statistics().get(PROMPTS_DROPPED, 0.0)) if statistics is not None else 0.0
 
     def _training_groups(self, result: GroupResult) -> list[GroupResult]:
         training = self.allocator.on_result(result)

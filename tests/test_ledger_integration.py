@@ -52,3 +52,13 @@ async def test_a_gated_tiny_run_accounts_for_the_cut_groups_work(tmp_path):
     assert sum(ledger["cut_at_step"].values()) == written["groups_cut"]
     assert ledger["cut_at_step"].keys() <= {"1", "2"}  # the test gate cuts once every member has 1 step
     assert ledger["cut_spent_steps"]["max"] <= 2 * 4  # at most 2 steps x G = 4
+
+
+@pytest.mark.slow
+async def test_pilots_the_allocator_drops_are_dropped_not_unfinished(tmp_path):
+    written = await _run(tmp_path, "gate.enabled=false", 'allocator.name="pilot_commit"', "run.max_wall_s=20")
+    fates = written["ledger"]["fates"]
+    dropped = fates["dropped_all_fail"]["groups"] + fates["dropped_all_succeed"]["groups"] + \
+        fates["dropped_by_allocator"]["groups"]
+    assert dropped >= written["allocator_stats"]["allocator/prompts_dropped"] - 8 > 0  # (a few may be queued at the end)
+    assert fates["unfinished"]["groups"] <= 8 + 4  # running at the end (8 slots) and queued pilots, not every drop

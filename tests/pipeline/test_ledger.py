@@ -87,8 +87,11 @@ def test_an_allocator_drop_is_decided_by_its_answer_or_by_the_prompt_settling():
     ledger.answered(ledger.group_finished(skipped), [])
     ledger.prompt_settled(3)  # no commit came: the allocator dropped it
     assert ledger.fates["dropped_all_succeed"] == Work(1, 6, 12)
+    explore = _group(4, [False, False], kind="explore")
+    ledger.answered(ledger.group_finished(explore), [], dropped=True)  # the allocator said it dropped it: now
+    assert ledger.fates["dropped_all_fail"] == Work(2, 12, 24)
     ledger.prompt_settled(0)  # settling a prompt already decided changes nothing
-    assert _totals(ledger) == (24, 48)
+    assert _totals(ledger) == (30, 60)
 
 
 def test_what_the_run_end_leaves_undecided_is_unfinished_and_a_checkpoint_counts_it_so():
