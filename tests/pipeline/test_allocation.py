@@ -37,6 +37,27 @@ def test_occupancy_integrates_busy_slot_seconds():
     assert pool.occupancy() == pytest.approx((4 * 1 + 2 * 1) / (4 * 2))
 
 
+def test_slots_the_pacer_holds_free_are_integrated_for_the_idle_fraction():
+    now = [0.0]
+    pool = SlotPool(8, clock=lambda: now[0])
+    pacer = StalenessPacer(batch_groups=2, max_staleness=0)  # at most 2 groups outstanding
+    loop = AdmissionLoop(_Policy(size=2), pool, pacer, lambda gid, adm: None)
+    pool.start_clock()
+    assert loop.admit_ready() == 2  # 4 of 8 slots taken; the pacer holds the other 4 free
+    now[0] = 3.0
+    for _ in range(2):
+        loop.trajectory_finished()  # 2 more free: the pass after them sees 6 held
+    loop.admit_ready()
+    now[0] = 4.0
+    assert loop.held_slot_seconds() == pytest.approx(4 * 3 + 6 * 1)
+    pacer.finished(emitted=0)
+    pacer.finished(emitted=0)  # budget back: 2 more groups, then the pacer holds the last 2 slots
+    assert loop.admit_ready() == 2
+    now[0] = 10.0
+    assert loop.held_slot_seconds() == pytest.approx(4 * 3 + 6 * 1 + 2 * 6)
+    assert pool.busy_seconds() == pytest.approx(4 * 3 + 2 * 1 + 6 * 6)
+
+
 def test_slot_pool_refuses_overdraw():
     pool = SlotPool(2, clock=lambda: 0.0)
     with pytest.raises(RuntimeError):
