@@ -65,3 +65,26 @@ def test_ray_address_is_a_shortcut_for_the_placement_keys(capsys):
     assert main(["check", "--ray", "auto"]) == 0
     dumped = capsys.readouterr().out
     assert 'launcher = "ray"' in dumped and 'address = "auto"' in dumped
+
+
+def test_an_allocator_constructor_error_is_one_line_from_check(tmp_path):
+    """`check` builds the allocator against the configured env's train tasks: its constructor's error is exit 2,
+    one line naming the allocator, before any work (it used to pass `check` and fail after the warm start)."""
+    target = "tests.plugin_allocators:NeedsManyTasks"
+    proc = subprocess.run([sys.executable, "run.py", "check", "--set", f'allocator.name="{target}"'],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "needs at least" in line]
+    assert len(lines) == 1 and f"allocator {target!r}: RuntimeError: needs at least 100000 train tasks" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    fine = subprocess.run([sys.executable, "run.py", "check", "--set", f'allocator.name="{target}"',
+                           "--set", "allocator.options.least=1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert fine.returncode == 0, fine.stderr
+
+
+def test_a_dotted_plugin_path_gets_the_module_colon_attr_hint():
+    proc = subprocess.run([sys.executable, "run.py", "check", "--set", 'allocator.name="tests.plugin_allocators.NeedsManyTasks"',
+                           "--set", 'gate.name="tests.plugin_gates.Repeats"'], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "'tests.plugin_allocators:NeedsManyTasks'" in proc.stderr and "'tests.plugin_gates:Repeats'" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
