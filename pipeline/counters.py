@@ -31,6 +31,9 @@ class GroupsConsumed:
     zero_variance: bool = False
     cut: bool = False
     """Why: a zero-variance group (dropped by `learner.drop_zero_variance`) or a cut one (refused)."""
+    group_id: int = -1
+    reason: str = ""
+    """`GroupDropped.reason` (`pipeline.outcomes.drop_reason`)."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,8 @@ class LearnerReport:
     """`Trainer.state_dict()` at this update boundary (for checkpoints), or None when not asked for."""
     groups_trained: int
     """Groups trained on by this update (they are consumed too)."""
+    group_ids: tuple[int, ...] = ()
+    """Which ones."""
 
 
 @dataclass
@@ -72,6 +77,8 @@ class PhaseCounters:
     groups_trained_zero_variance: int = 0
     """Trained groups (counted in `groups_trained`) with zero reward variance: the rest were informative."""
     groups_dropped_zero_variance: int = 0
+    groups_dropped_run_ended: int = 0
+    """Training groups sent to the learner and neither trained nor dropped when the phase ended."""
     cut_groups_refused: int = 0
     """Cut groups that reached the learner (refused there)."""
     updates: int = 0

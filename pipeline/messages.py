@@ -163,8 +163,26 @@ class WeightsPublished(_Message):
     """The learner published new weights; the policy loads them between batches."""
 
     version: int
+    """The policy version these weights are: the number of learner updates so far (a resumed run counts on)."""
     groups_trained: int
+    """Training groups trained in the whole phase so far (cumulative, not this update's)."""
     published_at: float
+    """`trio.current_time()` of the runtime when it published them (seconds, for differences only)."""
+
+
+class GroupDropped(_Message):
+    """A training group the learner will never train, on the event stream: the one message that says so.
+
+    Sent when the learner drops it (`reason` "all_fail" / "all_succeed" / "zero_variance": no reward
+    variance, `learner.drop_zero_variance`; "cut": a cut group that reached it, refused) and, before
+    `PhaseFinished`, for every training group handed to the learner and neither trained nor dropped when
+    the phase ended ("run_ended"). A group an allocator keeps back (DAPO's filter, a pilot not committed)
+    never becomes a training group: its `GroupResult` is its last message."""
+
+    group_id: int
+    """The training group's id (a merged group keeps its first rollout group's)."""
+    reason: str
+    """One of `pipeline.outcomes.DROP_REASONS`."""
 
 
 class PhaseFinished(_Message):
@@ -200,6 +218,8 @@ class LearnerUpdated(_Message):
     """The new policy weights, `pipeline.tensors.pack`ed (never a pickle)."""
     trainer_state: bytes = b""
     """`Trainer.state_dict()`, `pipeline.tensors.pack`ed (empty: not asked for)."""
+    group_ids: list[int] = []
+    """The training groups this update trained."""
 
 
 class LearnerDropped(_Message):
@@ -207,6 +227,9 @@ class LearnerDropped(_Message):
 
     zero_variance: bool = False
     cut: bool = False
+    group_id: int = -1
+    reason: str = ""
+    """`GroupDropped.reason`."""
 
 
 class GateReport(_Message):
@@ -286,6 +309,7 @@ WorkerInbox = ActRequest | AbandonRequest | LoadWeights
 WorkerOutbox = ActReply | StageReady
 AnyMessage = (
     GroupOpened | StepEvent | RolloutFailed | GroupClosed | CancelGroup | GroupResult | WeightsPublished | Metrics | PhaseFinished
+    | GroupDropped
 )
 
 __all__ = [
@@ -298,6 +322,7 @@ __all__ = [
     "FramesDropped",
     "GateReport",
     "GroupClosed",
+    "GroupDropped",
     "GroupExpected",
     "GroupOpened",
     "GroupResult",

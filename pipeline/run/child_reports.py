@@ -105,8 +105,8 @@ class ChildReports:
                 self.gate.took_report(message)
             case FramesDropped(stage=stage, counts=counts) if stage in children:
                 zmq.record_remote_drops(stage, counts)
-            case LearnerDropped(zero_variance=zv, cut=cut):
-                await self._reports.send(GroupsConsumed(zero_variance=zv, cut=cut))
+            case LearnerDropped(zero_variance=zv, cut=cut, group_id=group_id, reason=reason):
+                await self._reports.send(GroupsConsumed(zero_variance=zv, cut=cut, group_id=group_id, reason=reason))
             case LearnerUpdated():
                 report = self._learner_report(message, pull)
                 if report is not None:
@@ -126,4 +126,5 @@ class ChildReports:
             return None
         self.learner_version = message.version
         return LearnerReport(version=message.version, stats=message.stats, train_seconds=message.train_seconds,
-                             weights=weights, trainer_state=state, groups_trained=message.groups_trained)
+                             weights=weights, trainer_state=state, groups_trained=message.groups_trained,
+                             group_ids=tuple(message.group_ids))

@@ -79,12 +79,13 @@ class _WireReports:
 
     async def send(self, message: LearnerReport | GroupsConsumed) -> None:
         if isinstance(message, GroupsConsumed):
-            await self._socket.send(LearnerDropped(zero_variance=message.zero_variance, cut=message.cut))
+            await self._socket.send(LearnerDropped(zero_variance=message.zero_variance, cut=message.cut,
+                                                   group_id=message.group_id, reason=message.reason))
             return
         await self._socket.send(LearnerUpdated(
             version=message.version, stats=dict(message.stats), train_seconds=message.train_seconds,
             groups_trained=message.groups_trained, weights=to_bytes(message.weights),
-            trainer_state=to_bytes(message.trainer_state)))
+            trainer_state=to_bytes(message.trainer_state), group_ids=list(message.group_ids)))
 
 
 async def serve_learner(spec: ChildSpec, keys: CurveKeys | None) -> None:
