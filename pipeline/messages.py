@@ -101,6 +101,8 @@ class CancelGroup(_Message):
     """The measured statistic that triggered the cut (e.g. mean prefix edit distance)."""
     shadow: bool = False
     """True when the gate only records the decision (shadow mode): nothing is cancelled."""
+    checkpoint: int = 0
+    """The gate's `GateDecision.checkpoint`: the step at which it decided (0: not said)."""
 
 
 class Turn(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
@@ -143,13 +145,22 @@ class GroupResult(_Message):
     group_id: int
     task_id: str
     trajectories: list[Trajectory]
+    """Every rollout of the group, in `rollout_index` order (a cut group's cut ones with status CUT)."""
     cut: bool
+    """A gate's cut stopped at least one of its rollouts: the one way to count cuts (a `CancelGroup` may be a
+    shadow decision or arrive after the group ended, and cuts nothing)."""
     cut_reason: str = ""
+    """The cutting decision's `GateDecision.reason` ("" when not cut)."""
     gate_value: float | None = None
+    """The cutting decision's `GateDecision.value`, the statistic it measured (None when not cut)."""
     wall_s: float = 0.0
+    """Seconds from admission to the last rollout's end (or the cut)."""
     kind: str = "group"
     """The admission kind the group ran as (see `GroupOpened.kind`)."""
     parent: int | None = None
+    """The group id this one extends (a commit's pilot, a rescue's explore group); None for a first group."""
+    cut_checkpoint: int = 0
+    """The cutting decision's `GateDecision.checkpoint`, the step at which the gate cut (0 when not cut)."""
 
 
 class GroupExpected(_Message):
