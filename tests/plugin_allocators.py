@@ -21,5 +21,4 @@ class NeedsManyTasks(AllocatorBase):
             raise RuntimeError(f"needs at least {options.least} train tasks, got {len(ctx.tasks)}")
 
     def next_admission(self, free_slots: int) -> Admission | None:
-        assert self.cycle is not None
-        return Admission(self.cycle.next(), self.ctx.group_size) if self.fits(self.ctx.group_size, free_slots) else None
+        return Admission(self.next_task(), self.ctx.group_size) if self.fits(self.ctx.group_size, free_slots) else None

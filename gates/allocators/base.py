@@ -160,6 +160,12 @@ class AllocatorBase:
         self.ledger.dropped()
         return []
 
+    def next_task(self) -> str:
+        """The next task id of the cycle (a new pass reshuffles them)."""
+        if self.cycle is None:
+            raise TypeError(f"{type(self).__name__} was built with cycle=False: it draws its own tasks")
+        return self.cycle.next()
+
     def fits(self, size: int, free_slots: int) -> bool:
         """Whether a group of `size` can start now; raises when it never can (`require_fit`)."""
         return require_fit(size, free_slots, len(self.in_flight), f"{self.name} allocator")

@@ -18,7 +18,6 @@ class UniformAllocator(AllocatorBase):
         pass
 
     def next_admission(self, free_slots: int) -> Admission | None:
-        assert self.cycle is not None
         if not self.fits(self.ctx.group_size, free_slots):
             return None
-        return Admission(task_id=self.cycle.next(), size=self.ctx.group_size)
+        return Admission(task_id=self.next_task(), size=self.ctx.group_size)
