@@ -40,9 +40,12 @@ class GroupOpened(_Message):
     """A group (one prompt x `size` rollouts) was admitted and its slots are taken."""
 
     group_id: int
+    """Unique in the run, increasing with admission."""
     task_id: str
     size: int
+    """Rollouts in the group."""
     policy_version: int
+    """The weight version at admission."""
     admitted_at: float
     """Monotonic seconds (trio clock) at admission."""
     kind: str = "group"
@@ -56,14 +59,19 @@ class StepEvent(_Message):
     """One environment step of one rollout: the parsed action string is what gates see."""
 
     group_id: int
+    """The group the rollout belongs to."""
     rollout_index: int
+    """Which rollout of the group (0..size-1)."""
     step_index: int
     """0-based: the first action of an episode has step_index 0."""
     action: str
+    """The action the policy's text was parsed to, as sent to the environment."""
     done: bool
+    """The episode ended with this step (success, failure or the step limit)."""
     reward: float
     """Reward accumulated so far in this episode."""
     policy_version: int
+    """The weight version that chose the action."""
     admissible: bool = True
     """The action was one of the environment's admissible commands at this step (or none were listed)."""
     new_observation: bool = True
@@ -83,8 +91,11 @@ class GroupClosed(_Message):
     """The group's slots were released; `rewards` are final (truncated at the cut for cut groups)."""
 
     group_id: int
+    """The group that ended."""
     rewards: list[float]
+    """Per rollout, in `rollout_index` order."""
     cut: bool
+    """A gate's cut stopped it (as `GroupResult.cut`)."""
     steps: int
     """Env steps spent by the whole group."""
     complete: list[bool] = []
@@ -95,8 +106,11 @@ class CancelGroup(_Message):
     """A gate's decision to cut a whole group."""
 
     group_id: int
+    """The group to cut."""
     reason: str
+    """The decision's `GateDecision.reason`."""
     gate: str
+    """The gate's `name`."""
     value: float
     """The measured statistic that triggered the cut (e.g. mean prefix edit distance)."""
     shadow: bool = False
@@ -131,19 +145,29 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
 
 
 class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
+    """One rollout of a group, as the learner trains on it."""
+
     rollout_index: int
+    """Which rollout of the group (0..n-1; renumbered in a merged group)."""
     turns: list[Turn]
+    """One per policy call, i.e. per env step: `len(turns)` is the episode's length in steps."""
     reward: float
+    """The episode's reward (accumulated; for a cut rollout, at the cut)."""
     success: bool
+    """The environment said the task was done."""
     status: TrajectoryStatus
+    """COMPLETE (ended by itself: only these rewards are labels), CUT or ERROR."""
     error: str = ""
+    """What raised, for an ERROR trajectory."""
 
 
 class GroupResult(_Message):
     """A finished group with every trajectory; cut groups are sent too (for accounting), flagged `cut`."""
 
     group_id: int
+    """As its `GroupOpened`'s."""
     task_id: str
+    """The prompt's task (`Task.task_id`)."""
     trajectories: list[Trajectory]
     """Every rollout of the group, in `rollout_index` order (a cut group's cut ones with status CUT)."""
     cut: bool
@@ -200,7 +224,9 @@ class PhaseFinished(_Message):
     """The last message on the event stream: the GRPO phase ended (stages may finish their work and return)."""
 
     updates: int
+    """Learner updates in the phase (the last `WeightsPublished.version`)."""
     stop_reason: str
+    """updates, max_wall_s, target_heldout or interrupted (as `summary.json`'s `stop_reason`)."""
 
 
 class StageReady(_Message):
