@@ -88,3 +88,20 @@ def test_a_dotted_plugin_path_gets_the_module_colon_attr_hint():
     assert proc.returncode == 2, proc.stderr
     assert "'tests.plugin_allocators:NeedsManyTasks'" in proc.stderr and "'tests.plugin_gates:Repeats'" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_budget_is_layered_over_the_config_and_under_set():
+    """`run.py --budget tiny` (docs/plugins.md's try-your-plugin run): the budget's values over the default config,
+    --set over both; an unknown budget lists the known ones (exit 2); resume keeps its folder's config."""
+    proc = subprocess.run([sys.executable, "run.py", "check", "--budget", "tiny", "--set", "rollout.slots=12"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    resolved = proc.stdout
+    assert "max_steps = 12" in resolved and "slots = 12" in resolved  # the budget's episodes, the user's slots
+    assert "choose_admissible = true" in resolved  # the default config's decoding stays under the budget
+    unknown = subprocess.run([sys.executable, "run.py", "check", "--budget", "huge"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=120)
+    assert unknown.returncode == 2 and "budget 'huge'" in unknown.stderr and "tiny" in unknown.stderr, unknown.stderr
+    resume = subprocess.run([sys.executable, "run.py", "resume", "runs/x", "--budget", "tiny"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert resume.returncode == 2 and "no --config or --budget" in resume.stderr
