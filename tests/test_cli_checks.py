@@ -105,3 +105,13 @@ def test_a_budget_is_layered_over_the_config_and_under_set():
     resume = subprocess.run([sys.executable, "run.py", "resume", "runs/x", "--budget", "tiny"], cwd=ROOT, capture_output=True,
                             text=True, timeout=120)
     assert resume.returncode == 2 and "no --config or --budget" in resume.stderr
+
+
+def test_an_ab_study_on_the_tiny_budget_takes_a_gate_without_a_k_option(tmp_path):
+    """The tiny budget used to set `gate.k = 4`, which a gate without a `k` option refused (`gate.options.k`, a key
+    the user never wrote, and no --set could unset it)."""
+    proc = subprocess.run([sys.executable, "run.py", "ab", "--dry-run", "--budget", "tiny", "--arms", "async-grpo", "--seeds", "0",
+                           "--out", str(tmp_path), "--set", "gate.enabled=true", "--set", 'gate.name="tests.plugin_gates:CutEvenGroups"'],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "async-grpo-s0: to run" in proc.stdout
