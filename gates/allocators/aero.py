@@ -118,7 +118,6 @@ class AeroAllocator(AllocatorBase):
         self._baseline_sum = 0.0
 
     def next_admission(self, free_slots: int) -> Admission | None:
-        assert self.cycle is not None
         if self._rescues:
             root = self._rescues[0]
             visit = self._visits[root]
@@ -131,7 +130,7 @@ class AeroAllocator(AllocatorBase):
             return Admission(visit.task_id, size, kind="rescue", parent=root)
         if not self.fits(self.n_explore, free_slots):
             return None
-        return Admission(self.cycle.next(), self.n_explore, kind="explore")
+        return Admission(self.next_task(), self.n_explore, kind="explore")
 
     def on_admitted(self, group_id: int, admission: Admission) -> None:
         super().on_admitted(group_id, admission)

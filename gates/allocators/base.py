@@ -124,7 +124,7 @@ class AllocatorBase:
     def statistics(self) -> Mapping[str, float]:
         stats = dict(self.ledger.statistics())
         if self.cycle is not None:
-            stats["allocator/epoch"] = float(self.cycle.epoch)
+            stats["allocator/epoch"] = float(self.epoch)
         return {**stats, **self.extra_statistics()}
 
     def state_dict(self) -> dict[str, Any]:
@@ -165,6 +165,11 @@ class AllocatorBase:
         if self.cycle is None:
             raise TypeError(f"{type(self).__name__} was built with cycle=False: it draws its own tasks")
         return self.cycle.next()
+
+    @property
+    def epoch(self) -> int:
+        """The 0-based pass over the tasks (-1 before the first draw; -1 without a cycle)."""
+        return -1 if self.cycle is None else self.cycle.epoch
 
     def fits(self, size: int, free_slots: int) -> bool:
         """Whether a group of `size` can start now; raises when it never can (`require_fit`)."""

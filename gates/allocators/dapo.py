@@ -86,12 +86,11 @@ class DapoAllocator(AllocatorBase):
         """Finished groups since the current batch started filling."""
 
     def next_admission(self, free_slots: int) -> Admission | None:
-        assert self.cycle is not None
         if not self._pacer.admit(len(self.in_flight)):
             return None
         if not self.fits(self.ctx.group_size, free_slots):
             return None
-        return Admission(task_id=self.cycle.next(), size=self.ctx.group_size)
+        return Admission(task_id=self.next_task(), size=self.ctx.group_size)
 
     def decide(self, result: GroupResult, admission: Admission) -> list[GroupResult]:
         self._since_batch += 1

@@ -134,15 +134,14 @@ class GresoAllocator(AllocatorBase):
         return abs_next_batch(need, 1.0 - self._pacer.yield_rate, self._b0, self._floor, self._opts.safety)[0]
 
     def next_admission(self, free_slots: int) -> Admission | None:
-        assert self.cycle is not None
         in_flight = len(self.in_flight)
         if in_flight and in_flight >= self.in_flight_target():  # never refuse with nothing in flight
             return None
         if not self.fits(self.ctx.group_size, free_slots):
             return None
         # Skipping is probabilistic with a 1% keep floor, so this ends quickly; the cap keeps it finite.
-        for _ in range(100 * len(self.cycle)):
-            task_id = self.cycle.next()
+        for _ in range(100 * len(self.ctx.tasks)):
+            task_id = self.next_task()
             z_easy, z_hard, _ = self._runs.get(task_id, (0, 0, 0))
             if not greso_skip(
                 z_easy, z_hard, self.p_easy, self.p_hard, self.rng.random, self._opts.keep_floor
@@ -174,7 +173,7 @@ class GresoAllocator(AllocatorBase):
         if total:
             o = self._opts
             t_easy, t_hard = o.target_zero_variance / 3, 2 * o.target_zero_variance / 3
-            epoch = max(self.cycle.epoch, 0) if self.cycle is not None else 0
+            epoch = max(self.epoch, 0)
             self.p_hard = greso_controller(
                 self.p_hard, self._counts["hard"] / total, t_hard, epoch, o.step, o.min_p, o.max_p
             )

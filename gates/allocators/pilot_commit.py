@@ -150,8 +150,7 @@ class PilotCommitAllocator(AllocatorBase):
         if len(self._evicted) >= self._n_tasks:  # everything solved: start over rather than stop
             self._evicted.clear()
             self._decisions["eviction_resets"] += 1
-        assert self.cycle is not None
-        while (task_id := self.cycle.next()) in self._evicted:
+        while (task_id := self.next_task()) in self._evicted:
             pass
         return task_id
 

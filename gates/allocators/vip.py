@@ -150,8 +150,7 @@ class VipAllocator(AllocatorBase):
         return gp_posterior(k_oo, k_so, np.full(len(task_ids), s2), y, noise, prior_mean)
 
     def _new_round(self) -> None:
-        assert self.cycle is not None
-        task_ids = [self.cycle.next() for _ in range(self.window)]
+        task_ids = [self.next_task() for _ in range(self.window)]
         mean, var = self.predict(task_ids)
         v = expected_bernoulli_variance(mean, var)
         budget = round(self.n_bar * len(task_ids))
