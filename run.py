@@ -3,6 +3,7 @@
     python run.py                                  # the default run (configs/default.toml): household env + small torch policy, CPU
     python run.py --config configs/ab_gate_off.toml
     python run.py --set gate.enabled=false --set run.name=ungated
+    python run.py --budget tiny --set 'gate.name="mygates:MyGate"'   # try a plugin: a run of about a minute (docs/plugins.md)
     python run.py pretrain                         # behaviour-clone (or load the cached) warm start, report held-out success
     python run.py profile runs/default             # print the per-stage table of an existing run
     python run.py check --config FILE.toml         # validate a config and print it resolved
@@ -33,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("command", nargs="?", default="train", choices=["train", "pretrain", "profile", "check", "resume"])
     parser.add_argument("run_dir", nargs="?", help="run folder (for `profile` and `resume`)")
     parser.add_argument("--config", help="TOML config file (default: configs/default.toml, the default run)")
+    parser.add_argument("--budget", help="layer a budget over the config, under --set: configs/budgets/<name>.toml or a "
+                        ".toml path (`tiny`: about a minute on 2 cores, for trying a plugin; it sets no plugin's options)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--out", help="parent folder of run folders (same as --set run.out=DIR)")
     parser.add_argument("--ray", metavar="ADDRESS", help="decoders as actors on this Ray cluster: auto, HOST:PORT, or '' "
@@ -44,6 +47,16 @@ def _ray_overrides(args: argparse.Namespace) -> list[str]:
     if args.ray is None:
         return []
     return ['placement.launcher="ray"', f"placement.address={_toml_str(args.ray)}"]
+
+
+def _budget_overrides(budget: str | None) -> list[str]:
+    """A budget (`configs/budgets/<name>.toml` or a .toml path) as overrides, layered over the config and under
+    --set, as `run.py ab --budget` layers it. Raises ConfigError for an unknown budget."""
+    if budget is None:
+        return []
+    from pipeline.ab._presets import find_presets
+
+    return list(find_presets([budget], DEFAULT_RUN.parent / "budgets", "budget")[0].overrides)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.config import ConfigError, dump_toml
     from pipeline.run.checks import load
 
-    overrides = list(args.overrides) + ([f"run.out={_toml_str(args.out)}"] if args.out else []) + _ray_overrides(args)
     try:
+        overrides = [*_budget_overrides(args.budget), *args.overrides, *([f"run.out={_toml_str(args.out)}"] if args.out else []),
+                     *_ray_overrides(args)]
         cfg = load(args.config if args.config is not None else DEFAULT_RUN, overrides)
     except ConfigError as exc:
         print(f"run.py: {exc}", file=sys.stderr)
@@ -153,8 +167,8 @@ def _resume(args: argparse.Namespace) -> int:
     from pipeline.run.checks import load
     from pipeline.run.resume import config_changes
 
-    if args.run_dir is None or args.config is not None:
-        print("run.py resume: give the run folder, e.g. `python run.py resume runs/default` (no --config: "
+    if args.run_dir is None or args.config is not None or args.budget is not None:
+        print("run.py resume: give the run folder, e.g. `python run.py resume runs/default` (no --config or --budget: "
               "the folder's config.toml is used; change values with --set)", file=sys.stderr)
         return 2
     run_dir = Path(args.run_dir)

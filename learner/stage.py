@@ -29,7 +29,7 @@ from pipeline.config import LearnerSection
 from pipeline.counters import ZERO_VARIANCE_TRAINED, GroupsConsumed, LearnerReport
 from pipeline.devices import new_stream, side_stream
 from pipeline.messages import GroupExpected, GroupResult, LearnerInbox
-from pipeline.outcomes import is_zero_variance, label_rewards
+from pipeline.outcomes import drop_reason, is_zero_variance, label_rewards
 from pipeline.stage import StageContext
 
 from .trainer import Trainer
@@ -103,9 +103,9 @@ class LearnerStage:
     def _refusal(self, group: GroupResult) -> GroupsConsumed | None:
         if group.cut:
             log.error("learner.cut_group_refused", group_id=group.group_id)
-            return GroupsConsumed(cut=True, group_id=group.group_id)
+            return GroupsConsumed(cut=True, group_id=group.group_id, reason=drop_reason(group))
         if self.cfg.drop_zero_variance and is_zero_variance(label_rewards(group)):
-            return GroupsConsumed(zero_variance=True, group_id=group.group_id)
+            return GroupsConsumed(zero_variance=True, group_id=group.group_id, reason=drop_reason(group))
         return None
 
     async def _train(self, receive: trio.MemoryReceiveChannel[GroupResult], ctx: StageContext) -> None:
@@ -123,8 +123,7 @@ class LearnerStage:
                 self.version += 1
                 await self.reports.send(LearnerReport(
                     version=self.version, stats=stats, train_seconds=trio.current_time() - started, weights=weights,
-                    trainer_state=state, groups_trained=len(batch),
-                    group_ids=tuple(g.group_id for g in batch),
+                    trainer_state=state, groups_trained=len(batch), group_ids=tuple(g.group_id for g in batch),
                 ))
                 batch = []
 

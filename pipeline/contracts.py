@@ -42,10 +42,19 @@ class Admission:
 
 @dataclass(frozen=True, slots=True)
 class GateDecision:
+    """What a gate's `observe` (or `close`) returns about one group."""
+
     cut: bool
+    """Cut the group now. Only a cut decision is acted on; a gate may also return non-cut ones (the gate stage
+    counts and times every decision returned: `gate/decisions`)."""
     value: float
+    """The statistic the gate measured (shown as `GroupResult.gate_value`, scored in shadow mode); a gate
+    without a threshold puts whatever number explains its decision, e.g. 0.0."""
     checkpoint: int
+    """The step at which it decided (`GroupResult.cut_checkpoint`); a gate without checkpoints puts the step
+    count of the rollouts it saw."""
     reason: str
+    """Readable why (`GroupResult.cut_reason`)."""
 
 
 

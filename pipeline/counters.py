@@ -34,6 +34,8 @@ class GroupsConsumed:
     """Why: a zero-variance group (dropped by `learner.drop_zero_variance`) or a cut one (refused)."""
     group_id: int = -1
     """The training group dropped (-1: not said)."""
+    reason: str = ""
+    """`GroupDropped.reason` (`pipeline.outcomes.drop_reason`)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,8 @@ class PhaseCounters:
     groups_trained_zero_variance: int = 0
     """Trained groups (counted in `groups_trained`) with zero reward variance: the rest were informative."""
     groups_dropped_zero_variance: int = 0
+    groups_dropped_run_ended: int = 0
+    """Training groups sent to the learner and neither trained nor dropped when the phase ended."""
     cut_groups_refused: int = 0
     """Cut groups that reached the learner (refused there)."""
     updates: int = 0

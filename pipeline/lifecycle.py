@@ -65,6 +65,9 @@ class GroupLifecycle:
         self.merged = MergedOutcomes(on_settled=self._settled, window=64)
         self._group_size = group_size
         self._groups: trio.Nursery | None = None
+        self.at_learner: dict[int, None] = {}
+        """Training groups sent to the learner and not yet trained or dropped, in the order sent (bounded by
+        the staleness budget); those left when the phase ends are `GroupDropped(reason="run_ended")`."""
 
     @property
     def groups_admitted(self) -> int:
@@ -86,12 +89,15 @@ class GroupLifecycle:
         """A trajectory ended (complete, failed or cut): its slot is free."""
         self.admission.trajectory_finished()
 
-    def learner_dropped(self) -> None:
+    def learner_dropped(self, group_id: int = -1) -> None:
         """The learner dropped a training group without training on it."""
+        self.at_learner.pop(group_id, None)
         self.pacer.consumed(1)
         self.admission.wake()
 
-    def learner_updated(self, version: int, groups_trained: int) -> None:
+    def learner_updated(self, version: int, groups_trained: int, group_ids: tuple[int, ...] = ()) -> None:
+        for group_id in group_ids:
+            self.at_learner.pop(group_id, None)
         self.pacer.consumed(groups_trained)
         self.allocator.on_update(version)
         self.admission.wake()
@@ -134,6 +140,7 @@ class GroupLifecycle:
         self.pacer.finished(len(training))
         await self.events.send(result)
         for group in training:
+            self.at_learner[group.group_id] = None
             await self.training.send(group)
         self.admission.wake()
 

@@ -40,9 +40,12 @@ class GroupOpened(_Message):
     """A group (one prompt x `size` rollouts) was admitted and its slots are taken."""
 
     group_id: int
+    """Unique in the run, increasing with admission."""
     task_id: str
     size: int
+    """Rollouts in the group."""
     policy_version: int
+    """The weight version at admission."""
     admitted_at: float
     """Monotonic seconds (trio clock) at admission."""
     kind: str = "group"
@@ -56,14 +59,19 @@ class StepEvent(_Message):
     """One environment step of one rollout: the parsed action string is what gates see."""
 
     group_id: int
+    """The group the rollout belongs to."""
     rollout_index: int
+    """Which rollout of the group (0..size-1)."""
     step_index: int
     """0-based: the first action of an episode has step_index 0."""
     action: str
+    """The action the policy's text was parsed to, as sent to the environment."""
     done: bool
+    """The episode ended with this step (success, failure or the step limit)."""
     reward: float
     """Reward accumulated so far in this episode."""
     policy_version: int
+    """The weight version that chose the action."""
     admissible: bool = True
     """The action was one of the environment's admissible commands at this step (or none were listed)."""
     new_observation: bool = True
@@ -83,8 +91,11 @@ class GroupClosed(_Message):
     """The group's slots were released; `rewards` are final (truncated at the cut for cut groups)."""
 
     group_id: int
+    """The group that ended."""
     rewards: list[float]
+    """Per rollout, in `rollout_index` order."""
     cut: bool
+    """A gate's cut stopped it (as `GroupResult.cut`)."""
     steps: int
     """Env steps spent by the whole group."""
     complete: list[bool] = []
@@ -95,12 +106,17 @@ class CancelGroup(_Message):
     """A gate's decision to cut a whole group."""
 
     group_id: int
+    """The group to cut."""
     reason: str
+    """The decision's `GateDecision.reason`."""
     gate: str
+    """The gate's `name`."""
     value: float
     """The measured statistic that triggered the cut (e.g. mean prefix edit distance)."""
     shadow: bool = False
     """True when the gate only records the decision (shadow mode): nothing is cancelled."""
+    checkpoint: int = 0
+    """The gate's `GateDecision.checkpoint`: the step at which it decided (0: not said)."""
 
 
 class Turn(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
@@ -129,30 +145,49 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
 
 
 class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
+    """One rollout of a group, as the learner trains on it."""
+
     rollout_index: int
+    """Which rollout of the group (0..n-1; renumbered in a merged group)."""
     turns: list[Turn]
+    """One per policy call, i.e. per env step: `len(turns)` is the episode's length in steps."""
     reward: float
+    """The episode's reward (accumulated; for a cut rollout, at the cut)."""
     success: bool
+    """The environment said the task was done."""
     status: TrajectoryStatus
+    """COMPLETE (ended by itself: only these rewards are labels), CUT or ERROR."""
     error: str = ""
+    """What raised, for an ERROR trajectory."""
 
 
 class GroupResult(_Message):
     """A finished group with every trajectory; cut groups are sent too (for accounting), flagged `cut`."""
 
     group_id: int
+    """As its `GroupOpened`'s."""
     task_id: str
+    """The prompt's task (`Task.task_id`)."""
     trajectories: list[Trajectory]
+    """Every rollout of the group, in `rollout_index` order (a cut group's cut ones with status CUT)."""
     cut: bool
+    """A gate's cut stopped at least one of its rollouts: the one way to count cuts (a `CancelGroup` may be a
+    shadow decision or arrive after the group ended, and cuts nothing)."""
     cut_reason: str = ""
+    """The cutting decision's `GateDecision.reason` ("" when not cut)."""
     gate_value: float | None = None
+    """The cutting decision's `GateDecision.value`, the statistic it measured (None when not cut)."""
     wall_s: float = 0.0
+    """Seconds from admission to the last rollout's end (or the cut)."""
     kind: str = "group"
     """The admission kind the group ran as (see `GroupOpened.kind`)."""
     parent: int | None = None
+    """The group id this one extends (a commit's pilot, a rescue's explore group); None for a first group."""
     env_steps: int = 0
     """Env steps this rollout group spent (counted as they ran: a turn whose env step never ran is not one); a
     group merged by an allocator keeps its first part's (`pipeline/ledger.py` counts rollout groups)."""
+    cut_checkpoint: int = 0
+    """The cutting decision's `GateDecision.checkpoint`, the step at which the gate cut (0 when not cut)."""
 
 
 class GroupExpected(_Message):
@@ -166,15 +201,35 @@ class WeightsPublished(_Message):
     """The learner published new weights; the policy loads them between batches."""
 
     version: int
+    """The policy version these weights are: the number of learner updates so far (a resumed run counts on)."""
     groups_trained: int
+    """Training groups trained in the whole phase so far (cumulative, not this update's)."""
     published_at: float
+    """`trio.current_time()` of the runtime when it published them (seconds, for differences only)."""
+
+
+class GroupDropped(_Message):
+    """A training group the learner will never train, on the event stream: the one message that says so.
+
+    Sent when the learner drops it (`reason` "all_fail" / "all_succeed" / "zero_variance": no reward
+    variance, `learner.drop_zero_variance`; "cut": a cut group that reached it, refused) and, before
+    `PhaseFinished`, for every training group handed to the learner and neither trained nor dropped when
+    the phase ended ("run_ended"). A group an allocator keeps back (DAPO's filter, a pilot not committed)
+    never becomes a training group: its `GroupResult` is its last message."""
+
+    group_id: int
+    """The training group's id (a merged group keeps its first rollout group's)."""
+    reason: str
+    """One of `pipeline.outcomes.DROP_REASONS`."""
 
 
 class PhaseFinished(_Message):
     """The last message on the event stream: the GRPO phase ended (stages may finish their work and return)."""
 
     updates: int
+    """Learner updates in the phase (the last `WeightsPublished.version`)."""
     stop_reason: str
+    """updates, max_wall_s, target_heldout or interrupted (as `summary.json`'s `stop_reason`)."""
 
 
 class StageReady(_Message):
@@ -214,6 +269,8 @@ class LearnerDropped(_Message):
     cut: bool = False
     group_id: int = -1
     """The training group dropped (-1: not said)."""
+    reason: str = ""
+    """`GroupDropped.reason`."""
 
 
 class GateReport(_Message):
@@ -293,6 +350,7 @@ WorkerInbox = ActRequest | AbandonRequest | LoadWeights
 WorkerOutbox = ActReply | StageReady
 AnyMessage = (
     GroupOpened | StepEvent | RolloutFailed | GroupClosed | CancelGroup | GroupResult | WeightsPublished | Metrics | PhaseFinished
+    | GroupDropped
 )
 
 __all__ = [
@@ -305,6 +363,7 @@ __all__ = [
     "FramesDropped",
     "GateReport",
     "GroupClosed",
+    "GroupDropped",
     "GroupExpected",
     "GroupOpened",
     "GroupResult",

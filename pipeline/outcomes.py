@@ -20,6 +20,22 @@ EXTENDABLE_KINDS = frozenset({"pilot", "explore"})
 """First-stage kinds that later groups of the same prompt may extend (commit, rescue)."""
 
 
+DROP_REASONS = ("all_fail", "all_succeed", "zero_variance", "cut", "run_ended")
+"""`GroupDropped.reason`: no rollout won / every complete one won / equal rewards otherwise (the learner's
+zero-variance filter), a cut group refused, or still waiting for the learner when the phase ended."""
+
+
+def drop_reason(group: GroupResult) -> str:
+    """Why the learner drops `group` (cut, or zero variance by its outcome): a `DROP_REASONS` entry."""
+    if group.cut:
+        return "cut"
+    complete = [t for t in group.trajectories if t.status == TrajectoryStatus.COMPLETE]
+    wins = sum(t.success for t in complete)
+    if wins == 0:
+        return "all_fail"
+    return "all_succeed" if wins == len(complete) else "zero_variance"
+
+
 def is_gated(kind: str, size: int) -> bool:
     """The one rule for which groups a gate may cut: a prompt's first-stage group with pairs to compare
     (the gate stage opens only these; the rollout stage refuses a cut of any other)."""

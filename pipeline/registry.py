@@ -26,13 +26,24 @@ def load_object(target: str) -> Any:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise LookupError(f"cannot import module {module_name!r} for {target!r}: {exc}") from exc
+        raise LookupError(
+            f"cannot import module {module_name!r} for {target!r}: {exc} (a plugin module must be importable: "
+            f"run from the folder that holds it, add that folder to PYTHONPATH, or pip install its package)"
+        ) from exc
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
             raise LookupError(f"module {module_name!r} has no attribute {attr!r}") from None
     return obj
+
+
+def dotted_hint(name: str) -> str:
+    """For `pkg.mod.Class`: a plugin path names its module and attribute apart, `pkg.mod:Class`."""
+    module, dot, attr = name.rpartition(".")
+    if not dot or not module or not attr:
+        return ""
+    return f"; a plugin path is written module:attr, e.g. {module + ':' + attr!r}"
 
 
 class Registry:
@@ -72,7 +83,7 @@ class Registry:
         try:
             return self._targets[name]
         except KeyError:
-            raise LookupError(f"unknown {self.kind} {name!r} (known: {', '.join(self.names())})") from None
+            raise LookupError(f"unknown {self.kind} {name!r} (known: {', '.join(self.names())}){dotted_hint(name)}") from None
 
     def get(self, name: str) -> Any:
         """The object registered as `name`, or `module:attr` loaded directly."""

@@ -213,4 +213,5 @@ class GateStage:
             gate=self.gate.name,
             value=decision.value,
             shadow=self.shadow,
+            checkpoint=decision.checkpoint,
         )

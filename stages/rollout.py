@@ -86,6 +86,7 @@ def _tokens(records: list[_Record]) -> int:
 class _Cut:
     reason: str
     value: float
+    checkpoint: int = 0
 
 
 class _TimedStep:
@@ -254,19 +255,19 @@ class RolloutStage:
         self.cancels_received += 1
         if decision.shadow:
             self.shadow_cancels += 1
-        elif not self.cancel(decision.group_id, decision.reason, decision.value):
+        elif not self.cancel(decision.group_id, decision.reason, decision.value, decision.checkpoint):
             self.cuts_late += 1  # the group had already returned
 
     @property
     def running_groups(self) -> int:
         return len(self._scopes)
 
-    def cancel(self, group_id: int, reason: str, value: float) -> bool:
+    def cancel(self, group_id: int, reason: str, value: float, checkpoint: int = 0) -> bool:
         """Cut a running group. Returns False if it already ended (a late decision is a no-op)."""
         scope = self._scopes.get(group_id)
         if scope is None:
             return False
-        self._cuts[group_id] = _Cut(reason, value)
+        self._cuts[group_id] = _Cut(reason, value, checkpoint)
         scope.cancel()
         return True
 
@@ -334,6 +335,7 @@ class RolloutStage:
             kind=kind,
             parent=parent,
             env_steps=steps[0],
+            cut_checkpoint=cut.checkpoint if cut else 0,
         )
         await self.steps_out.send(
             GroupClosed(

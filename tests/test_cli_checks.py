@@ -65,3 +65,53 @@ def test_ray_address_is_a_shortcut_for_the_placement_keys(capsys):
     assert main(["check", "--ray", "auto"]) == 0
     dumped = capsys.readouterr().out
     assert 'launcher = "ray"' in dumped and 'address = "auto"' in dumped
+
+
+def test_an_allocator_constructor_error_is_one_line_from_check(tmp_path):
+    """`check` builds the allocator against the configured env's train tasks: its constructor's error is exit 2,
+    one line naming the allocator, before any work (it used to pass `check` and fail after the warm start)."""
+    target = "tests.plugin_allocators:NeedsManyTasks"
+    proc = subprocess.run([sys.executable, "run.py", "check", "--set", f'allocator.name="{target}"'],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "needs at least" in line]
+    assert len(lines) == 1 and f"allocator {target!r}: RuntimeError: needs at least 100000 train tasks" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    fine = subprocess.run([sys.executable, "run.py", "check", "--set", f'allocator.name="{target}"',
+                           "--set", "allocator.options.least=1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert fine.returncode == 0, fine.stderr
+
+
+def test_a_dotted_plugin_path_gets_the_module_colon_attr_hint():
+    proc = subprocess.run([sys.executable, "run.py", "check", "--set", 'allocator.name="tests.plugin_allocators.NeedsManyTasks"',
+                           "--set", 'gate.name="tests.plugin_gates.Repeats"'], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "'tests.plugin_allocators:NeedsManyTasks'" in proc.stderr and "'tests.plugin_gates:Repeats'" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_budget_is_layered_over_the_config_and_under_set():
+    """`run.py --budget tiny` (docs/plugins.md's try-your-plugin run): the budget's values over the default config,
+    --set over both; an unknown budget lists the known ones (exit 2); resume keeps its folder's config."""
+    proc = subprocess.run([sys.executable, "run.py", "check", "--budget", "tiny", "--set", "rollout.slots=12"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    resolved = proc.stdout
+    assert "max_steps = 12" in resolved and "slots = 12" in resolved  # the budget's episodes, the user's slots
+    assert "choose_admissible = true" in resolved  # the default config's decoding stays under the budget
+    unknown = subprocess.run([sys.executable, "run.py", "check", "--budget", "huge"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=120)
+    assert unknown.returncode == 2 and "budget 'huge'" in unknown.stderr and "tiny" in unknown.stderr, unknown.stderr
+    resume = subprocess.run([sys.executable, "run.py", "resume", "runs/x", "--budget", "tiny"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert resume.returncode == 2 and "no --config or --budget" in resume.stderr
+
+
+def test_an_ab_study_on_the_tiny_budget_takes_a_gate_without_a_k_option(tmp_path):
+    """The tiny budget used to set `gate.k = 4`, which a gate without a `k` option refused (`gate.options.k`, a key
+    the user never wrote, and no --set could unset it)."""
+    proc = subprocess.run([sys.executable, "run.py", "ab", "--dry-run", "--budget", "tiny", "--arms", "async-grpo", "--seeds", "0",
+                           "--out", str(tmp_path), "--set", "gate.enabled=true", "--set", 'gate.name="tests.plugin_gates:CutEvenGroups"'],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "async-grpo-s0: to run" in proc.stdout

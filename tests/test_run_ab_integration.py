@@ -68,7 +68,7 @@ def test_the_study_arms_run_on_the_learn_preset_with_the_target_rule(tmp_path):
     args = [sys.executable, "run.py", "ab", "--arms", ",".join(STUDY_ARMS), "--seeds", "0", "--budget", "tiny",
             "--config", "configs/learn.toml", "--target-heldout", "0.25", "--eval-every", "1", "--name", "study",
             "--out", str(tmp_path / "runs"), "--set", f'policy.cache_dir="{tmp_path / "cache"}"', "--set", "eval.curve_tasks=4",
-            "--set", "gate.k=4", "--set", "gate.checkpoints=[6]"]  # the learn arms' K = 10-25 inside the tiny 8-step episodes
+            "--set", "gate.k=4", "--set", "gate.checkpoints=[6]"]  # the learn arms' K = 10-25 inside the tiny 12-step episodes
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ab_dir = tmp_path / "runs" / "study" / "ab"

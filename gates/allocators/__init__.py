@@ -15,7 +15,10 @@ from pipeline.registry import Registry
 
 from .base import Admission as Admission
 from .base import Allocator as Allocator
+from .base import AllocatorBase as AllocatorBase
 from .base import AllocatorContext as AllocatorContext
+from .base import Ledger as Ledger
+from .base import TaskCycle as TaskCycle
 
 ALLOCATORS = Registry(
     "allocators",
@@ -56,4 +59,14 @@ def build_allocator(name: str, options: Mapping[str, Any], ctx: AllocatorContext
     return build_plugin(ALLOCATORS.get(name), options, "allocator.options", f"allocator {name!r}", ctx)
 
 
-__all__ = ["ALLOCATORS", "Admission", "Allocator", "AllocatorContext", "build_allocator", "check_allocator"]
+__all__ = [
+    "ALLOCATORS",
+    "Admission",
+    "Allocator",
+    "AllocatorBase",
+    "AllocatorContext",
+    "Ledger",
+    "TaskCycle",
+    "build_allocator",
+    "check_allocator",
+]

@@ -1,12 +1,11 @@
-"""Pieces every built-in allocator shares: the task cycle, the accounting ledger, pacing, group helpers.
+"""Helpers the built-in allocators share beyond `AllocatorBase` (`base.py`): group helpers and pacing.
 
-Nothing here is part of the allocator contract (see `base.py`); a user's allocator may ignore this module.
+Nothing here is part of the allocator contract; a user's allocator may reuse it or ignore it.
 """
 
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -73,141 +72,6 @@ def require_fit(size: int, free_slots: int, in_flight: int, who: str) -> bool:
             f"raise rollout.slots or lower the allocator's group sizes"
         )
     return False
-
-
-# --------------------------------------------------------------------------------------------------
-# Task cycle
-
-
-class TaskCycle:
-    """Task ids in reshuffled passes (epochs); never runs out. `epoch` is the 0-based pass index."""
-
-    def __init__(self, task_ids: Sequence[str], rng: random.Random) -> None:
-        if not task_ids:
-            raise ValueError("no tasks to admit")
-        self._ids = list(task_ids)
-        self._rng = rng
-        self._order: list[str] = []
-        self.epoch = -1
-
-    def next(self) -> str:
-        if not self._order:
-            self._order = list(self._ids)
-            self._rng.shuffle(self._order)
-            self.epoch += 1
-        return self._order.pop()
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"order": list(self._order), "epoch": self.epoch}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self._order = list(state["order"])
-        self.epoch = int(state["epoch"])
-
-
-def rng_state(rng: random.Random) -> list[Any]:
-    version, internal, gauss = rng.getstate()
-    return [version, list(internal), gauss]
-
-
-def set_rng_state(rng: random.Random, state: Sequence[Any]) -> None:
-    """random.Random state survives a JSON round trip as nested lists; setstate wants tuples."""
-    version, internal, gauss = state
-    rng.setstate((version, tuple(internal), gauss))
-
-
-# --------------------------------------------------------------------------------------------------
-# Accounting
-
-
-class Ledger:
-    """Counters behind `statistics()`, shared by every built-in allocator.
-
-    A *visit* is one prompt's trip through the allocator: it opens with the first rollout group admitted for
-    the prompt (group, pilot, explore) and closes when a training group is emitted (`trained`) or when the
-    prompt is given up (`dropped`: zero-variance, out of band, cut, expired). So at every moment
-    `prompts_admitted == prompts_trained + prompts_dropped + prompts_pending`.
-    """
-
-    _COUNTERS = (
-        "prompts_admitted",
-        "prompts_skipped",
-        "prompts_trained",
-        "prompts_dropped",
-        "groups_admitted",
-        "groups_completed",
-        "groups_cut",
-        "groups_lost",
-        "groups_zero_variance",
-        "groups_trained",
-        "groups_trained_zero_variance",
-        "rollouts_spent",
-        "rollouts_trained",
-    )
-
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = dict.fromkeys(self._COUNTERS, 0)
-
-    def admitted(self, size: int, *, new_prompt: bool) -> None:
-        self.counts["groups_admitted"] += 1
-        self.counts["rollouts_spent"] += size
-        self.counts["prompts_admitted"] += int(new_prompt)
-
-    def skipped(self) -> None:
-        self.counts["prompts_skipped"] += 1
-
-    def finished(self, result: GroupResult) -> None:
-        """A rollout group came back (before any decision on it)."""
-        if result.cut:
-            self.counts["groups_cut"] += 1
-            return
-        self.counts["groups_completed"] += 1
-        self.counts["groups_zero_variance"] += int(is_zero_variance(rewards_of(result)))
-
-    def trained(self, group: GroupResult) -> GroupResult:
-        self.counts["prompts_trained"] += 1
-        self.counts["groups_trained"] += 1
-        self.counts["groups_trained_zero_variance"] += int(is_zero_variance(rewards_of(group)))
-        self.counts["rollouts_trained"] += len(group.trajectories)
-        return group
-
-    def dropped(self) -> None:
-        self.counts["prompts_dropped"] += 1
-
-    @property
-    def in_flight(self) -> int:
-        """Rollout groups admitted and not yet back."""
-        c = self.counts
-        return c["groups_admitted"] - c["groups_completed"] - c["groups_cut"] - c["groups_lost"]
-
-    @property
-    def pending(self) -> int:
-        c = self.counts
-        return c["prompts_admitted"] - c["prompts_trained"] - c["prompts_dropped"]
-
-    def statistics(self) -> dict[str, float]:
-        c = self.counts
-        stats: dict[str, float] = {f"allocator/{k}": float(v) for k, v in c.items()}
-        stats["allocator/prompts_pending"] = float(self.pending)
-        stats["allocator/zero_variance_fraction"] = c["groups_zero_variance"] / max(c["groups_completed"], 1)
-        effective = c["groups_trained"] - c["groups_trained_zero_variance"]
-        stats["allocator/effective_prompt_ratio"] = effective / max(c["prompts_admitted"], 1)
-        return stats
-
-    def state_dict(self, pending_kept: int) -> dict[str, int]:
-        """Counters as they will read after a resume: in-flight rollouts do not survive a checkpoint, so they
-        count as `groups_lost`, and every pending visit except the `pending_kept` ones the allocator restores
-        (e.g. pilots waiting for their commit) is counted as dropped."""
-        state = dict(self.counts)
-        state["groups_lost"] += self.in_flight
-        state["prompts_dropped"] += self.pending - pending_kept
-        return state
-
-    def load_state_dict(self, state: Mapping[str, int]) -> None:
-        self.counts = {k: int(state[k]) for k in self._COUNTERS}
 
 
 # --------------------------------------------------------------------------------------------------

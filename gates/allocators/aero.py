@@ -32,20 +32,8 @@ import msgspec
 
 from pipeline.messages import GroupResult
 
-from ._common import (
-    Ledger,
-    TaskCycle,
-    merge_groups,
-    require_fit,
-    result_from_state,
-    result_to_state,
-    rng_state,
-    set_rng_state,
-    subset,
-    successes_of,
-    trainable,
-)
-from .base import Admission, AllocatorContext
+from ._common import merge_groups, result_from_state, result_to_state, subset, successes_of, trainable
+from .base import Admission, AllocatorBase, AllocatorContext
 
 DEAD_ZONE, REJECTION, KEEP_ALL = "dead_zone", "rejection", "keep_all"
 
@@ -97,7 +85,7 @@ class _Visit:
         return [s for part in self.parts for s in successes_of(part)]
 
 
-class AeroAllocator:
+class AeroAllocator(AllocatorBase):
     name = "aero"
 
     class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -115,53 +103,45 @@ class AeroAllocator:
         prior_beta: Annotated[float, msgspec.Meta(gt=0)] = 1.0
 
     def __init__(self, options: Options, ctx: AllocatorContext) -> None:
+        super().__init__(options, ctx)
         self._opts = options
         self.n_explore = options.n_explore or ctx.group_size
         self.n_total = options.n_total or 2 * self.n_explore
         if self.n_total < self.n_explore:
             raise ValueError(f"aero: n_total ({self.n_total}) < n_explore ({self.n_explore})")
-        self._rng = random.Random(ctx.seed)
-        self._cycle = TaskCycle([t.task_id for t in ctx.tasks], self._rng)
-        self._ledger = Ledger()
         self._visits: dict[int, _Visit] = {}
         """Prompts being rolled out, by the group id of their explore group."""
         self._rescues: deque[int] = deque()
         """Explore group ids waiting for rescue slots, first come first served."""
-        self._in_flight: dict[int, Admission] = {}
         self._strata = {DEAD_ZONE: 0, REJECTION: 0, KEEP_ALL: 0, "rescued": 0, "rescue_successes": 0}
         self._discarded = 0
         self._baseline_sum = 0.0
 
     def next_admission(self, free_slots: int) -> Admission | None:
-        in_flight = len(self._in_flight)
         if self._rescues:
             root = self._rescues[0]
             visit = self._visits[root]
             size = rescue_size(
                 sum(len(p.trajectories) for p in visit.parts), 0, self.n_total, self._opts.n_extra
             )
-            if not require_fit(size, free_slots, in_flight, "aero allocator"):
+            if not self.fits(size, free_slots):
                 return None
             self._rescues.popleft()
             return Admission(visit.task_id, size, kind="rescue", parent=root)
-        if not require_fit(self.n_explore, free_slots, in_flight, "aero allocator"):
+        if not self.fits(self.n_explore, free_slots):
             return None
-        return Admission(self._cycle.next(), self.n_explore, kind="explore")
+        return Admission(self.next_task(), self.n_explore, kind="explore")
 
     def on_admitted(self, group_id: int, admission: Admission) -> None:
-        self._in_flight[group_id] = admission
-        self._ledger.admitted(admission.size, new_prompt=admission.kind == "explore")
+        super().on_admitted(group_id, admission)
         if admission.kind == "explore":
             self._visits[group_id] = _Visit(admission.task_id)
 
-    def on_result(self, result: GroupResult) -> list[GroupResult]:
-        admission = self._in_flight.pop(result.group_id)
-        self._ledger.finished(result)
+    def decide(self, result: GroupResult, admission: Admission) -> list[GroupResult]:
         root = result.group_id if admission.parent is None else admission.parent
         if not trainable(result):
             del self._visits[root]
-            self._ledger.dropped()
-            return []
+            return self.drop()
         visit = self._visits[root]
         if admission.kind == "rescue":
             kept = first_success_prefix(successes_of(result))
@@ -179,7 +159,7 @@ class AeroAllocator:
     def _finish(self, visit: _Visit, successes: list[bool]) -> list[GroupResult]:
         if len(visit.parts) > 1 and any(successes):
             self._strata["rescue_successes"] += 1
-        indices, stratum = aero_curate(successes, self._rng, self._opts.k, self._opts.u_split)
+        indices, stratum = aero_curate(successes, self.rng, self._opts.k, self._opts.u_split)
         self._strata[stratum] += 1
         self._discarded += len(successes) - len(indices)
         if stratum == DEAD_ZONE:
@@ -187,28 +167,22 @@ class AeroAllocator:
             self._baseline_sum += beta_posterior_mean(
                 sum(successes), len(successes), o.prior_alpha, o.prior_beta
             )
-            self._ledger.dropped()
-            return []
-        return [self._ledger.trained(subset(merge_groups(*visit.parts), indices))]
+            return self.drop()
+        return [self.train(subset(merge_groups(*visit.parts), indices))]
 
-    def on_update(self, version: int) -> None:
-        pass
-
-    def statistics(self) -> Mapping[str, float]:
+    def extra_statistics(self) -> Mapping[str, float]:
         dead = self._strata[DEAD_ZONE]
         return {
-            **self._ledger.statistics(),
             **{f"allocator/groups_{k}": float(v) for k, v in self._strata.items()},
-            "allocator/epoch": float(self._cycle.epoch),
             "allocator/rollouts_discarded": float(self._discarded),
             "allocator/dead_zone_baseline": self._baseline_sum / dead if dead else 0.0,
         }
 
-    def state_dict(self) -> dict[str, Any]:
+    def pending_kept(self) -> int:
+        return len(self._rescues)
+
+    def extra_state(self) -> dict[str, Any]:
         return {
-            "rng": rng_state(self._rng),
-            "cycle": self._cycle.state_dict(),
-            "ledger": self._ledger.state_dict(pending_kept=len(self._rescues)),
             "rescues": [
                 {
                     "root": root,
@@ -222,14 +196,10 @@ class AeroAllocator:
             "baseline_sum": self._baseline_sum,
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        set_rng_state(self._rng, state["rng"])
-        self._cycle.load_state_dict(state["cycle"])
-        self._ledger.load_state_dict(state["ledger"])
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
         self._strata = {k: int(v) for k, v in state["strata"].items()}
         self._discarded = int(state["discarded"])
         self._baseline_sum = float(state["baseline_sum"])
-        self._in_flight.clear()
         self._rescues = deque(int(e["root"]) for e in state["rescues"])
         self._visits = {
             int(e["root"]): _Visit(e["task_id"], [result_from_state(p) for p in e["parts"]])

@@ -14,7 +14,6 @@ groups since the current batch started may not exceed `max_num_gen_batches · ge
 
 from __future__ import annotations
 
-import random
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Any
@@ -23,17 +22,8 @@ import msgspec
 
 from pipeline.messages import GroupResult
 
-from ._common import (
-    Ledger,
-    TaskCycle,
-    YieldPacer,
-    require_fit,
-    rewards_of,
-    rng_state,
-    set_rng_state,
-    trainable,
-)
-from .base import Admission, AllocatorContext
+from ._common import YieldPacer, rewards_of, trainable
+from .base import Admission, AllocatorBase, AllocatorContext
 
 
 def dapo_keep(rewards: Sequence[float]) -> bool:
@@ -76,7 +66,7 @@ def dapo_sync_batch(
     raise ValueError(f"rounds ran out after {used} rounds with {len(batch)} < {train_groups} kept groups")
 
 
-class DapoAllocator:
+class DapoAllocator(AllocatorBase):
     name = "dapo"
 
     class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -88,48 +78,40 @@ class DapoAllocator:
         """Groups per generation round; 0 = 3·B (the recipe's gen_prompt_bsz = 3 · train_prompt_bsz)."""
 
     def __init__(self, options: Options, ctx: AllocatorContext) -> None:
+        super().__init__(options, ctx)
         self._opts = options
-        self._ctx = ctx
-        self._rng = random.Random(ctx.seed)
-        self._cycle = TaskCycle([t.task_id for t in ctx.tasks], self._rng)
-        self._ledger = Ledger()
         self._pacer = YieldPacer(ctx.batch_groups, options.lookahead_batches)
         self._round_groups = options.gen_batch_groups or 3 * ctx.batch_groups
         self._since_batch = 0
         """Finished groups since the current batch started filling."""
 
     def next_admission(self, free_slots: int) -> Admission | None:
-        in_flight = self._ledger.in_flight
-        if not self._pacer.admit(in_flight):
+        if not self._pacer.admit(len(self.in_flight)):
             return None
-        if not require_fit(self._ctx.group_size, free_slots, in_flight, "dapo allocator"):
+        if not self.fits(self.ctx.group_size, free_slots):
             return None
-        return Admission(task_id=self._cycle.next(), size=self._ctx.group_size)
+        return Admission(task_id=self.next_task(), size=self.ctx.group_size)
 
-    def on_admitted(self, group_id: int, admission: Admission) -> None:
-        self._ledger.admitted(admission.size, new_prompt=True)
-
-    def on_result(self, result: GroupResult) -> list[GroupResult]:
-        self._ledger.finished(result)
+    def decide(self, result: GroupResult, admission: Admission) -> list[GroupResult]:
         self._since_batch += 1
         keep = trainable(result) and dapo_keep(rewards_of(result))
         self._pacer.observe(keep)
         if not keep:
-            self._ledger.dropped()
+            self.drop()
             self._check_rounds()
             return []
         self._pacer.emitted()
-        if self._ledger.counts["groups_trained"] % self._ctx.batch_groups == self._ctx.batch_groups - 1:
+        if self.ledger.counts["groups_trained"] % self.ctx.batch_groups == self.ctx.batch_groups - 1:
             self._since_batch = 0  # this group completes a batch
-        return [self._ledger.trained(result)]
+        return [self.train(result)]
 
     def _check_rounds(self) -> None:
         limit = self._opts.max_num_gen_batches * self._round_groups
         if self._opts.max_num_gen_batches > 0 and self._since_batch >= limit:
-            filled = self._ledger.counts["groups_trained"] % self._ctx.batch_groups
+            filled = self.ledger.counts["groups_trained"] % self.ctx.batch_groups
             raise TooManyGenerationRounds(
                 f"dapo allocator: {self._since_batch} groups finished without filling a batch "
-                f"({filled}/{self._ctx.batch_groups} kept; limit max_num_gen_batches={self._opts.max_num_gen_batches}"
+                f"({filled}/{self.ctx.batch_groups} kept; limit max_num_gen_batches={self._opts.max_num_gen_batches}"
                 f" x {self._round_groups} groups): nearly every prompt is zero-variance; "
                 f"raise allocator.options.max_num_gen_batches or set it to 0 (unlimited)"
             )
@@ -137,25 +119,12 @@ class DapoAllocator:
     def on_update(self, version: int) -> None:
         self._pacer.updated()
 
-    def statistics(self) -> Mapping[str, float]:
-        return {
-            **self._ledger.statistics(),
-            "allocator/epoch": float(self._cycle.epoch),
-            "allocator/expected_yield": self._pacer.yield_rate,
-        }
+    def extra_statistics(self) -> Mapping[str, float]:
+        return {"allocator/expected_yield": self._pacer.yield_rate}
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "rng": rng_state(self._rng),
-            "cycle": self._cycle.state_dict(),
-            "ledger": self._ledger.state_dict(pending_kept=0),
-            "pacer": self._pacer.state_dict(),
-            "since_batch": self._since_batch,
-        }
+    def extra_state(self) -> dict[str, Any]:
+        return {"pacer": self._pacer.state_dict(), "since_batch": self._since_batch}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        set_rng_state(self._rng, state["rng"])
-        self._cycle.load_state_dict(state["cycle"])
-        self._ledger.load_state_dict(state["ledger"])
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
         self._pacer.load_state_dict(state["pacer"])
         self._since_batch = int(state["since_batch"])

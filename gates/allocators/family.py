@@ -21,7 +21,6 @@ success prediction from `Task.family`, without a model.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
@@ -29,17 +28,8 @@ import msgspec
 
 from pipeline.messages import GroupResult
 
-from ._common import (
-    Ledger,
-    TaskCycle,
-    is_zero_variance,
-    require_fit,
-    rewards_of,
-    rng_state,
-    set_rng_state,
-    trainable,
-)
-from .base import Admission, AllocatorContext
+from ._common import is_zero_variance, rewards_of, trainable
+from .base import Admission, AllocatorBase, AllocatorContext, TaskCycle
 
 
 def family_weights(
@@ -54,7 +44,7 @@ def family_weights(
     return [w / total for w in raw]
 
 
-class FamilyAllocator:
+class FamilyAllocator(AllocatorBase):
     name = "family"
 
     class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -68,21 +58,18 @@ class FamilyAllocator:
         """How sharply the rate steers (0 = uniform over tasks)."""
 
     def __init__(self, options: Options, ctx: AllocatorContext) -> None:
-        if not ctx.tasks:
-            raise ValueError("family allocator: no tasks to admit")
-        self._ctx, self._options = ctx, options
-        self._rng = random.Random(ctx.seed)
+        super().__init__(options, ctx, cycle=False)  # a cycle per family instead
+        self._options = options
         by_family: dict[str, list[str]] = {}
         for task in ctx.tasks:
             by_family.setdefault(task.family, []).append(task.task_id)
         self._families = sorted(by_family)
         self._family_of = {task.task_id: task.family for task in ctx.tasks}
-        self._cycles = {f: TaskCycle(by_family[f], self._rng) for f in self._families}
+        self._cycles = {f: TaskCycle(by_family[f], self.rng) for f in self._families}
         self._shares = [len(by_family[f]) / len(ctx.tasks) for f in self._families]
         self._groups = dict.fromkeys(self._families, 0.0)
         self._mixed = dict.fromkeys(self._families, 0.0)
         self._admitted = dict.fromkeys(self._families, 0)
-        self._ledger = Ledger()
 
     def weights(self) -> dict[str, float]:
         """The probability that the next prompt comes from each family."""
@@ -92,55 +79,49 @@ class FamilyAllocator:
         return dict(zip(self._families, probs, strict=True))
 
     def next_admission(self, free_slots: int) -> Admission | None:
-        if not require_fit(self._ctx.group_size, free_slots, self._ledger.in_flight, "family allocator"):
+        if not self.fits(self.ctx.group_size, free_slots):
             return None
         weights = self.weights()
-        family = self._rng.choices(self._families, weights=[weights[f] for f in self._families])[0]
-        return Admission(task_id=self._cycles[family].next(), size=self._ctx.group_size)
+        family = self.rng.choices(self._families, weights=[weights[f] for f in self._families])[0]
+        return Admission(task_id=self._cycles[family].next(), size=self.ctx.group_size)
 
     def on_admitted(self, group_id: int, admission: Admission) -> None:
-        self._ledger.admitted(admission.size, new_prompt=True)
+        super().on_admitted(group_id, admission)
         self._admitted[self._family_of[admission.task_id]] += 1
 
-    def on_result(self, result: GroupResult) -> list[GroupResult]:
-        self._ledger.finished(result)
+    def decide(self, result: GroupResult, admission: Admission) -> list[GroupResult]:
         if not trainable(result):
-            self._ledger.dropped()
-            return []
+            return self.drop()
         family = self._family_of.get(result.task_id)
         if family is not None:
             self._groups[family] += 1
             self._mixed[family] += float(not is_zero_variance(rewards_of(result)))
-        return [self._ledger.trained(result)]
+        return [self.train(result)]
 
     def on_update(self, version: int) -> None:
         for family in self._families:
             self._groups[family] *= self._options.decay
             self._mixed[family] *= self._options.decay
 
-    def statistics(self) -> Mapping[str, float]:
+    def extra_statistics(self) -> Mapping[str, float]:
         admitted = max(sum(self._admitted.values()), 1)
-        stats = {**self._ledger.statistics()}
+        stats: dict[str, float] = {}
         for family, weight in self.weights().items():
             stats[f"allocator/weight/{family}"] = weight
             stats[f"allocator/admitted_share/{family}"] = self._admitted[family] / admitted
         return stats
 
-    def state_dict(self) -> dict[str, Any]:
+    def extra_state(self) -> dict[str, Any]:
         return {
-            "rng": rng_state(self._rng),
             "cycles": {f: c.state_dict() for f, c in self._cycles.items()},
             "groups": dict(self._groups),
             "mixed": dict(self._mixed),
             "admitted": dict(self._admitted),
-            "ledger": self._ledger.state_dict(pending_kept=0),
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        set_rng_state(self._rng, state["rng"])
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
         for family, cycle in state["cycles"].items():
             self._cycles[family].load_state_dict(cycle)
         self._groups = {f: float(state["groups"][f]) for f in self._families}
         self._mixed = {f: float(state["mixed"][f]) for f in self._families}
         self._admitted = {f: int(state["admitted"][f]) for f in self._families}
-        self._ledger.load_state_dict(state["ledger"])

@@ -16,7 +16,6 @@ A cut group (the in-flight gate stopped it) adds nothing to the prompt's runs: i
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
@@ -24,18 +23,8 @@ import msgspec
 
 from pipeline.messages import GroupResult
 
-from ._common import (
-    Ledger,
-    TaskCycle,
-    YieldPacer,
-    require_fit,
-    rewards_of,
-    rng_state,
-    set_rng_state,
-    successes_of,
-    trainable,
-)
-from .base import Admission, AllocatorContext
+from ._common import YieldPacer, rewards_of, successes_of, trainable
+from .base import Admission, AllocatorBase, AllocatorContext
 from .dapo import dapo_keep
 
 KEEP_FLOOR = 0.01
@@ -97,7 +86,7 @@ def abs_next_batch(
     return max(min(est, b0), floor), est <= b0
 
 
-class GresoAllocator:
+class GresoAllocator(AllocatorBase):
     name = "greso"
 
     class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -125,11 +114,8 @@ class GresoAllocator:
                 raise ValueError(f"min_p ({self.min_p}) must be <= max_p ({self.max_p})")
 
     def __init__(self, options: Options, ctx: AllocatorContext) -> None:
+        super().__init__(options, ctx)
         self._opts = options
-        self._ctx = ctx
-        self._rng = random.Random(ctx.seed)
-        self._cycle = TaskCycle([t.task_id for t in ctx.tasks], self._rng)
-        self._ledger = Ledger()
         self._pacer = YieldPacer(ctx.batch_groups, options.lookahead_batches)
         self._b0 = options.sampling_batch_groups or math.ceil(1.5 * ctx.batch_groups)
         self._floor = max(1, options.min_batch_groups or ctx.batch_groups // 4)
@@ -148,30 +134,25 @@ class GresoAllocator:
         return abs_next_batch(need, 1.0 - self._pacer.yield_rate, self._b0, self._floor, self._opts.safety)[0]
 
     def next_admission(self, free_slots: int) -> Admission | None:
-        in_flight = self._ledger.in_flight
+        in_flight = len(self.in_flight)
         if in_flight and in_flight >= self.in_flight_target():  # never refuse with nothing in flight
             return None
-        if not require_fit(self._ctx.group_size, free_slots, in_flight, "greso allocator"):
+        if not self.fits(self.ctx.group_size, free_slots):
             return None
         # Skipping is probabilistic with a 1% keep floor, so this ends quickly; the cap keeps it finite.
-        for _ in range(100 * len(self._cycle)):
-            task_id = self._cycle.next()
+        for _ in range(100 * len(self.ctx.tasks)):
+            task_id = self.next_task()
             z_easy, z_hard, _ = self._runs.get(task_id, (0, 0, 0))
             if not greso_skip(
-                z_easy, z_hard, self.p_easy, self.p_hard, self._rng.random, self._opts.keep_floor
+                z_easy, z_hard, self.p_easy, self.p_hard, self.rng.random, self._opts.keep_floor
             ):
                 break
-            self._ledger.skipped()
-        return Admission(task_id=task_id, size=self._ctx.group_size)
+            self.ledger.skipped()
+        return Admission(task_id=task_id, size=self.ctx.group_size)
 
-    def on_admitted(self, group_id: int, admission: Admission) -> None:
-        self._ledger.admitted(admission.size, new_prompt=True)
-
-    def on_result(self, result: GroupResult) -> list[GroupResult]:
-        self._ledger.finished(result)
+    def decide(self, result: GroupResult, admission: Admission) -> list[GroupResult]:
         if not trainable(result):
-            self._ledger.dropped()
-            return []
+            return self.drop()
         successes = successes_of(result)
         run = self._runs.setdefault(result.task_id, [0, 0, 0])
         run[0], run[1] = update_runs(run[0], run[1], successes)
@@ -182,10 +163,9 @@ class GresoAllocator:
         keep = dapo_keep(rewards_of(result))
         self._pacer.observe(keep)
         if not keep:
-            self._ledger.dropped()
-            return []
+            return self.drop()
         self._pacer.emitted()
-        return [self._ledger.trained(result)]
+        return [self.train(result)]
 
     def on_update(self, version: int) -> None:
         self._pacer.updated()
@@ -193,7 +173,7 @@ class GresoAllocator:
         if total:
             o = self._opts
             t_easy, t_hard = o.target_zero_variance / 3, 2 * o.target_zero_variance / 3
-            epoch = max(self._cycle.epoch, 0)
+            epoch = max(self.epoch, 0)
             self.p_hard = greso_controller(
                 self.p_hard, self._counts["hard"] / total, t_hard, epoch, o.step, o.min_p, o.max_p
             )
@@ -202,21 +182,16 @@ class GresoAllocator:
             )
         self._counts = dict.fromkeys(self._counts, 0)
 
-    def statistics(self) -> Mapping[str, float]:
+    def extra_statistics(self) -> Mapping[str, float]:
         return {
-            **self._ledger.statistics(),
-            "allocator/epoch": float(self._cycle.epoch),
             "allocator/p_easy": self.p_easy,
             "allocator/p_hard": self.p_hard,
             "allocator/in_flight_target": float(self.in_flight_target()),
             "allocator/prompts_tracked": float(len(self._runs)),
         }
 
-    def state_dict(self) -> dict[str, Any]:
+    def extra_state(self) -> dict[str, Any]:
         return {
-            "rng": rng_state(self._rng),
-            "cycle": self._cycle.state_dict(),
-            "ledger": self._ledger.state_dict(pending_kept=0),
             "pacer": self._pacer.state_dict(),
             "p_easy": self.p_easy,
             "p_hard": self.p_hard,
@@ -224,10 +199,7 @@ class GresoAllocator:
             "counts": dict(self._counts),
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        set_rng_state(self._rng, state["rng"])
-        self._cycle.load_state_dict(state["cycle"])
-        self._ledger.load_state_dict(state["ledger"])
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
         self._pacer.load_state_dict(state["pacer"])
         self.p_easy = float(state["p_easy"])
         self.p_hard = float(state["p_hard"])

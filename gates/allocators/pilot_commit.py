@@ -18,7 +18,6 @@ drops the prompt for this pass.
 
 from __future__ import annotations
 
-import random
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,21 +28,16 @@ import msgspec
 from pipeline.messages import GroupResult
 
 from ._common import (
-    Ledger,
-    TaskCycle,
     YieldPacer,
     merge_groups,
-    require_fit,
     result_from_state,
     result_to_state,
     rewards_of,
-    rng_state,
-    set_rng_state,
     subset,
     successes_of,
     trainable,
 )
-from .base import Admission, AllocatorContext
+from .base import Admission, AllocatorBase, AllocatorContext
 
 COMMIT, TOO_EASY, TOO_HARD = "commit", "too_easy", "too_hard"
 
@@ -86,7 +80,7 @@ class _Pilot:
     std: float
 
 
-class PilotCommitAllocator:
+class PilotCommitAllocator(AllocatorBase):
     name = "pilot_commit"
 
     class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -112,22 +106,19 @@ class PilotCommitAllocator:
                 raise ValueError(f"empty band: p_lo ({self.p_lo}) > 1 - p_up ({1.0 - self.p_up})")
 
     def __init__(self, options: Options, ctx: AllocatorContext) -> None:
+        super().__init__(options, ctx)
         self._opts = options
         self.n_pilot = options.n_pilot or max(2, ctx.group_size // 2)
         self.n_commit = options.n_commit or max(1, ctx.group_size - self.n_pilot)
         self.n_effective = options.n_effective or self.n_pilot
         if self.n_effective > self.n_pilot:
             raise ValueError(f"pilot_commit: n_effective ({self.n_effective}) > n_pilot ({self.n_pilot})")
-        self._rng = random.Random(ctx.seed)
-        self._cycle = TaskCycle([t.task_id for t in ctx.tasks], self._rng)
         self._n_tasks = len({t.task_id for t in ctx.tasks})
-        self._ledger = Ledger()
         self._pacer = YieldPacer(ctx.batch_groups, options.lookahead_batches)
         self._queue: dict[int, _Pilot] = {}
         """Committed pilots waiting for commit slots, by pilot group id."""
         self._committing: dict[int, _Pilot] = {}
         """Pilots whose commit group is in flight, by pilot group id."""
-        self._in_flight: dict[int, Admission] = {}
         self._evicted: set[str] = set()
         self._step = 0
         self._decisions = {COMMIT: 0, TOO_EASY: 0, TOO_HARD: 0, "expired": 0, "eviction_resets": 0}
@@ -135,43 +126,37 @@ class PilotCommitAllocator:
     # -- admission
 
     def next_admission(self, free_slots: int) -> Admission | None:
-        in_flight = len(self._in_flight)
+        in_flight = len(self.in_flight)
         if self._queue:  # commits first
             pilot_id = self._next_commit()
-            if not require_fit(self.n_commit, free_slots, in_flight, "pilot_commit allocator"):
+            if not self.fits(self.n_commit, free_slots):
                 return None
             pilot = self._queue.pop(pilot_id)
             self._committing[pilot_id] = pilot
             return Admission(pilot.task_id, self.n_commit, kind="commit", parent=pilot_id)
-        pilots = sum(a.kind == "pilot" for a in self._in_flight.values())
+        pilots = sum(a.kind == "pilot" for a in self.in_flight.values())
         if not self._pacer.admit(pilots, sure=len(self._committing), in_flight=in_flight):
             return None
-        if not require_fit(self.n_pilot, free_slots, in_flight, "pilot_commit allocator"):
+        if not self.fits(self.n_pilot, free_slots):
             return None
         return Admission(self._next_task(), self.n_pilot, kind="pilot")
 
     def _next_commit(self) -> int:
         if self._opts.commit_order == "random":
-            return self._rng.choice(sorted(self._queue))
+            return self.rng.choice(sorted(self._queue))
         return max(self._queue, key=lambda k: (self._queue[k].std, self._queue[k].step_added, -k))
 
     def _next_task(self) -> str:
         if len(self._evicted) >= self._n_tasks:  # everything solved: start over rather than stop
             self._evicted.clear()
             self._decisions["eviction_resets"] += 1
-        while (task_id := self._cycle.next()) in self._evicted:
+        while (task_id := self.next_task()) in self._evicted:
             pass
         return task_id
 
-    def on_admitted(self, group_id: int, admission: Admission) -> None:
-        self._in_flight[group_id] = admission
-        self._ledger.admitted(admission.size, new_prompt=admission.kind == "pilot")
-
     # -- results
 
-    def on_result(self, result: GroupResult) -> list[GroupResult]:
-        admission = self._in_flight.pop(result.group_id)
-        self._ledger.finished(result)
+    def decide(self, result: GroupResult, admission: Admission) -> list[GroupResult]:
         if admission.kind == "pilot":
             self._on_pilot(result)
             return []
@@ -181,7 +166,7 @@ class PilotCommitAllocator:
             return self._drop()
         self._pacer.observe(True)
         self._pacer.emitted()
-        return [self._ledger.trained(merge_groups(pilot.result, result))]
+        return [self.train(merge_groups(pilot.result, result))]
 
     def _on_pilot(self, result: GroupResult) -> None:
         if not trainable(result):
@@ -201,9 +186,8 @@ class PilotCommitAllocator:
         self._queue[result.group_id] = _Pilot(result.task_id, kept, self._step, std)
 
     def _drop(self) -> list[GroupResult]:
-        self._ledger.dropped()
         self._pacer.observe(False)
-        return []
+        return self.drop()
 
     def on_update(self, version: int) -> None:
         self._step += 1
@@ -216,18 +200,18 @@ class PilotCommitAllocator:
 
     # -- accounting and checkpoints
 
-    def statistics(self) -> Mapping[str, float]:
-        stats = {f"allocator/pilots_{k}": float(v) for k, v in self._decisions.items()}
+    def extra_statistics(self) -> Mapping[str, float]:
         return {
-            **self._ledger.statistics(),
-            **stats,
-            "allocator/epoch": float(self._cycle.epoch),
+            **{f"allocator/pilots_{k}": float(v) for k, v in self._decisions.items()},
             "allocator/prompts_evicted": float(len(self._evicted)),
             "allocator/commit_queue": float(len(self._queue)),
             "allocator/step": float(self._step),
         }
 
-    def state_dict(self) -> dict[str, Any]:
+    def pending_kept(self) -> int:
+        return len(self._queue)
+
+    def extra_state(self) -> dict[str, Any]:
         queue = [
             {
                 "pilot_id": k,
@@ -239,9 +223,6 @@ class PilotCommitAllocator:
             for k, p in self._queue.items()
         ]
         return {
-            "rng": rng_state(self._rng),
-            "cycle": self._cycle.state_dict(),
-            "ledger": self._ledger.state_dict(pending_kept=len(self._queue)),
             "pacer": self._pacer.state_dict(),
             "queue": queue,
             "evicted": sorted(self._evicted),
@@ -249,10 +230,7 @@ class PilotCommitAllocator:
             "decisions": dict(self._decisions),
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        set_rng_state(self._rng, state["rng"])
-        self._cycle.load_state_dict(state["cycle"])
-        self._ledger.load_state_dict(state["ledger"])
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
         self._pacer.load_state_dict(state["pacer"])
         self._queue = {
             int(e["pilot_id"]): _Pilot(
@@ -261,7 +239,6 @@ class PilotCommitAllocator:
             for e in state["queue"]
         }
         self._committing.clear()
-        self._in_flight.clear()
         self._evicted = set(state["evicted"])
         self._step = int(state["step"])
         self._decisions = {k: int(v) for k, v in state["decisions"].items()}

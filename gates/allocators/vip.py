@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
@@ -30,7 +29,7 @@ import numpy as np
 
 from pipeline.messages import GroupResult
 
-from ._common import Ledger, TaskCycle, rng_state, set_rng_state, successes_of, trainable
+from ._common import successes_of, trainable
 from ._gp import (
     expected_bernoulli_variance,
     gp_posterior,
@@ -39,7 +38,7 @@ from ._gp import (
     rbf_kernel,
     task_features,
 )
-from .base import Admission, AllocatorContext
+from .base import Admission, AllocatorBase, AllocatorContext
 
 
 def h_rloo(n: int) -> float:
@@ -84,7 +83,7 @@ def greedy_allocation(
     return n
 
 
-class VipAllocator:
+class VipAllocator(AllocatorBase):
     name = "vip"
 
     class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -108,8 +107,8 @@ class VipAllocator:
         """Most recently observed prompts the GP conditions on."""
 
     def __init__(self, options: Options, ctx: AllocatorContext) -> None:
+        super().__init__(options, ctx)
         self._opts = options
-        self._ctx = ctx
         g = ctx.group_size
         self._h, l_min = VARIANCE_FACTORS[options.estimator]
         self.lo = options.min_rollouts or max(g // 4, l_min)
@@ -123,9 +122,6 @@ class VipAllocator:
                 f"vip: need min_rollouts ({self.lo}) <= budget_per_prompt ({self.n_bar}) "
                 f"<= max_rollouts ({self.hi})"
             )
-        self._rng = random.Random(ctx.seed)
-        self._cycle = TaskCycle([t.task_id for t in ctx.tasks], self._rng)
-        self._ledger = Ledger()
         self._index = {t.task_id: i for i, t in enumerate(ctx.tasks)}
         self._x = task_features(ctx.tasks)  # [T, D]
         self._bandwidth = options.bandwidth or median_bandwidth(self._x)
@@ -154,7 +150,7 @@ class VipAllocator:
         return gp_posterior(k_oo, k_so, np.full(len(task_ids), s2), y, noise, prior_mean)
 
     def _new_round(self) -> None:
-        task_ids = [self._cycle.next() for _ in range(self.window)]
+        task_ids = [self.next_task() for _ in range(self.window)]
         mean, var = self.predict(task_ids)
         v = expected_bernoulli_variance(mean, var)
         budget = round(self.n_bar * len(task_ids))
@@ -171,57 +167,44 @@ class VipAllocator:
             if size <= free_slots:
                 del self._queue[i]
                 return Admission(task_id, size)
-        if self._ledger.in_flight:
+        if self.in_flight:
             return None  # the slots of the groups in flight will come back
         task_id, size, _ = self._queue.pop(0)  # the group is larger than every slot: shrink it
         if free_slots < 1:
             raise ValueError("vip allocator: no rollout slots at all")
         return Admission(task_id, free_slots)
 
-    def on_admitted(self, group_id: int, admission: Admission) -> None:
-        self._ledger.admitted(admission.size, new_prompt=True)
-
-    def on_result(self, result: GroupResult) -> list[GroupResult]:
-        self._ledger.finished(result)
+    def decide(self, result: GroupResult, admission: Admission) -> list[GroupResult]:
         if not trainable(result):
-            self._ledger.dropped()
-            return []
+            return self.drop()
         successes = successes_of(result)
         k, n = self._obs.pop(result.task_id, [0.0, 0.0])
         self._obs[result.task_id] = [k + sum(successes), n + len(successes)]
         while len(self._obs) > self._opts.max_observed:
             del self._obs[next(iter(self._obs))]
-        return [self._ledger.trained(result)]
+        return [self.train(result)]
 
     def on_update(self, version: int) -> None:
         d = self._opts.decay
         self._obs = {t: [k * d, n * d] for t, (k, n) in self._obs.items()}
 
-    def statistics(self) -> Mapping[str, float]:
+    def extra_statistics(self) -> Mapping[str, float]:
         return {
-            **self._ledger.statistics(),
-            "allocator/epoch": float(self._cycle.epoch),
             "allocator/rounds": float(self._rounds),
             "allocator/prompts_observed": float(len(self._obs)),
             "allocator/queued_groups": float(len(self._queue)),
-            "allocator/mean_group_size": self._ledger.counts["rollouts_spent"]
-            / max(self._ledger.counts["groups_admitted"], 1),
+            "allocator/mean_group_size": self.ledger.counts["rollouts_spent"]
+            / max(self.ledger.counts["groups_admitted"], 1),
         }
 
-    def state_dict(self) -> dict[str, Any]:
+    def extra_state(self) -> dict[str, Any]:
         return {
-            "rng": rng_state(self._rng),
-            "cycle": self._cycle.state_dict(),
-            "ledger": self._ledger.state_dict(pending_kept=0),
             "observations": [[t, k, n] for t, (k, n) in self._obs.items()],
             "queue": [list(entry) for entry in self._queue],
             "rounds": self._rounds,
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        set_rng_state(self._rng, state["rng"])
-        self._cycle.load_state_dict(state["cycle"])
-        self._ledger.load_state_dict(state["ledger"])
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
         self._obs = {t: [float(k), float(n)] for t, k, n in state["observations"]}
         self._queue = [(t, int(n), float(v)) for t, n, v in state["queue"]]
         self._rounds = int(state["rounds"])

@@ -24,7 +24,7 @@ from pipeline.verdict import load_verdict
 from stages import envs
 from stages.policy import check_backend
 
-from .build import build_gate, build_suite
+from .build import build_allocator, build_gate, build_suite, train_tasks
 
 
 def name_checks(cfg: RunConfig) -> list[str]:
@@ -72,18 +72,26 @@ _BUILD_ERRORS = (TypeError, ValueError, LookupError, OSError, ImportError)
 
 
 def build_checks(cfg: RunConfig) -> list[str]:
-    """Build the environment suite and the custom stages (cheap constructors, no warm start) so what only
-    building finds (a missing games folder, a check across options) fails `run.py check` and the start of
-    `run.py` with exit 2, not a traceback after the warm start."""
+    """Build the environment suite, the allocator (against the suite's train tasks) and the custom stages
+    (cheap constructors, no warm start) so what only building finds (a missing games folder, a check across
+    options, any exception a plugin's constructor raises) fails `run.py check` and the start of `run.py` with
+    exit 2 and one line naming the part, not a traceback after the warm start. (The gate is built by
+    `_gate_problems`.)"""
     problems: list[str] = []
 
-    def attempt(where: str, build: Any) -> None:
+    def attempt(where: str, build: Any) -> Any:
         try:
-            build()
-        except _BUILD_ERRORS as exc:
-            problems.append(f"{where}: {exc}")
+            return build()
+        except Exception as exc:  # a plugin's constructor is user code: whatever it raises is a config problem
+            kind = "" if isinstance(exc, _BUILD_ERRORS) else f"{type(exc).__name__}: "
+            problems.append(f"{where}: {kind}{' '.join(str(exc).split())}")
+            return None
 
-    attempt("env", lambda: build_suite(cfg))
+    suite = attempt("env", lambda: build_suite(cfg))
+    if suite is not None:
+        train = attempt("env", lambda: train_tasks(cfg, suite))
+        if train is not None:
+            attempt(f"allocator {cfg.allocator.name!r}", lambda: build_allocator(cfg, train))
     for i, spec in enumerate(cfg.stages):
         attempt(f"stages[{i}]", lambda i=i, spec=spec: build_stage(spec.target, spec.options, f"stages[{i}].options"))
     return problems
@@ -96,8 +104,9 @@ def _gate_problems(cfg: RunConfig) -> list[str]:
         return problems
     try:
         gate = build_gate(cfg)
-    except _BUILD_ERRORS as exc:
-        return [f"gate.options: {exc}"]
+    except Exception as exc:  # the gate's constructor is user code (see build_checks)
+        kind = "" if isinstance(exc, _BUILD_ERRORS) else f"{type(exc).__name__}: "
+        return [f"gate.options: {kind}{' '.join(str(exc).split())}"]
     first = min(getattr(gate, "checkpoints", None) or [0])
     if first > cfg.env.max_steps:
         return [f"gate.k ({first}) is beyond env.max_steps ({cfg.env.max_steps}): the gate could never fire"]

@@ -105,8 +105,8 @@ class ChildReports:
                 self.gate.took_report(message)
             case FramesDropped(stage=stage, counts=counts) if stage in children:
                 zmq.record_remote_drops(stage, counts)
-            case LearnerDropped(zero_variance=zv, cut=cut, group_id=group_id):
-                await self._reports.send(GroupsConsumed(zero_variance=zv, cut=cut, group_id=group_id))
+            case LearnerDropped(zero_variance=zv, cut=cut, group_id=group_id, reason=reason):
+                await self._reports.send(GroupsConsumed(zero_variance=zv, cut=cut, group_id=group_id, reason=reason))
             case LearnerUpdated():
                 report = self._learner_report(message, pull)
                 if report is not None:

@@ -35,7 +35,7 @@ from pipeline.allocation import SlotPool, StalenessPacer
 from pipeline.config import RunConfig
 from pipeline.counters import PhaseCounters
 from pipeline.lifecycle import GroupLifecycle
-from pipeline.messages import AnyMessage, GroupResult, PhaseFinished
+from pipeline.messages import AnyMessage, GroupDropped, GroupResult, PhaseFinished
 from pipeline.profiling import Profiler
 from pipeline.progress import Progress
 from pipeline.rundir import MetricsWriter
@@ -246,6 +246,10 @@ async def _finish(w: _Wiring, stop_reason: str, observers_done: trio.Event) -> N
     """After the last update: let a held-out measure in flight end, then the custom stages read to the end."""
     if stop_reason in ("updates", "target_heldout"):
         await w.heldout.idle()  # a held-out measure in flight belongs to the curve
+    left = w.phase.lifecycle.at_learner  # the learner's reports are no longer read: these will never train
+    w.phase.counters.groups_dropped_run_ended = len(left)
+    for group_id in left:
+        await w.events.send(GroupDropped(group_id=group_id, reason="run_ended"))
     await w.events.send(PhaseFinished(updates=w.phase.version, stop_reason=stop_reason))
     if stop_reason != "interrupted":  # Ctrl-C must stay fast: no waiting on plugins
         with trio.move_on_after(w.phase.cfg.transport.drain_s):  # stages that return on PhaseFinished saw everything

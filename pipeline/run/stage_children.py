@@ -80,7 +80,7 @@ class _WireReports:
     async def send(self, message: LearnerReport | GroupsConsumed) -> None:
         if isinstance(message, GroupsConsumed):
             await self._socket.send(LearnerDropped(zero_variance=message.zero_variance, cut=message.cut,
-                                                     group_id=message.group_id))
+                                                   group_id=message.group_id, reason=message.reason))
             return
         await self._socket.send(LearnerUpdated(
             version=message.version, stats=dict(message.stats), train_seconds=message.train_seconds,

@@ -109,6 +109,7 @@ def _group_figures(cfg: RunConfig, outcome: GrpoOutcome, gate_stats: dict[str, A
         "groups_trained": counters.groups_trained,
         "groups_trained_informative": counters.groups_trained - counters.groups_trained_zero_variance,
         "groups_dropped_zero_variance": counters.groups_dropped_zero_variance,
+        "groups_dropped_run_ended": counters.groups_dropped_run_ended,
         "cut_groups_reaching_learner": counters.cut_groups_refused + counters.cut_emission_refused,
         "zero_variance_fraction": counters.merged_zero_variance / counters.merged_full_size if counters.merged_full_size else None,
         "zero_variance_prompts": counters.merged_full_size,

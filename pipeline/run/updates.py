@@ -22,7 +22,7 @@ from pipeline.allocation import SlotPool, StalenessPacer
 from pipeline.config import RunConfig
 from pipeline.counters import GroupsConsumed, LearnerReport, PhaseCounters
 from pipeline.lifecycle import GroupLifecycle
-from pipeline.messages import AnyMessage, WeightsPublished
+from pipeline.messages import AnyMessage, GroupDropped, WeightsPublished
 from pipeline.profiling import Profiler
 from pipeline.progress import Progress
 from pipeline.rundir import MetricsWriter
@@ -134,7 +134,8 @@ class UpdateRecorder:
                     continue  # the phase ended: an update the learner finished after the last one is not counted
                 if isinstance(message, GroupsConsumed):
                     phase.counters.learner_dropped(message)
-                    phase.lifecycle.learner_dropped()
+                    phase.lifecycle.learner_dropped(message.group_id)
+                    await self.events.send(GroupDropped(group_id=message.group_id, reason=message.reason))
                     if message.zero_variance and self.starvation.group_dropped():
                         self.starved()
                 else:
@@ -156,7 +157,7 @@ class UpdateRecorder:
                                generated_tokens=phase.generated_tokens())
         phase.version = report.version
         phase.counters.learner_updated(report)
-        phase.lifecycle.learner_updated(report.version, report.groups_trained)
+        phase.lifecycle.learner_updated(report.version, report.groups_trained, report.group_ids)
         await self.events.send(WeightsPublished(
             version=report.version, groups_trained=phase.counters.groups_trained, published_at=trio.current_time()
         ))

@@ -49,7 +49,7 @@ async def test_reports_an_update_per_batch_and_a_drop_per_zero_variance_group():
             dropped = await received.receive()
             report = await received.receive()
         nursery.cancel_scope.cancel()
-    assert dropped == GroupsConsumed(zero_variance=True, group_id=1)  # its id: the ledger settles that group
+    assert dropped == GroupsConsumed(zero_variance=True, group_id=1, reason="all_succeed")
     assert isinstance(report, LearnerReport) and report.version == 4 and report.groups_trained == 2
     assert report.group_ids == (0, 2)
     assert report.weights == {"w": 4} and report.trainer_state == {"batches": 1} and trainer.batches == [[0, 2]]
@@ -110,5 +110,5 @@ async def test_a_zero_variance_group_is_dropped_while_an_update_runs_not_after_i
                 trainer.release.set()  # the update's thread cannot be cancelled: let it end either way
             report = await received.receive()
         nursery.cancel_scope.cancel()
-    assert dropped == GroupsConsumed(zero_variance=True, group_id=1)
+    assert dropped == GroupsConsumed(zero_variance=True, group_id=1, reason="all_fail")
     assert isinstance(report, LearnerReport) and trainer.batches == [[0]]

@@ -93,3 +93,20 @@ def _drain(channel):
             out.append(channel.receive_nowait())
         except trio.WouldBlock:
             return out
+
+
+async def test_the_groups_at_the_learner_are_those_sent_and_neither_trained_nor_dropped(autojump_clock):
+    """What the phase reports as `GroupDropped(reason="run_ended")` when it ends: sent, not yet trained or dropped."""
+    counters, training = PhaseCounters(), _Sink()
+    pacer = StalenessPacer(batch_groups=2, max_staleness=1)
+    events, _ = trio.open_memory_channel(100)
+    lifecycle = GroupLifecycle(_Allocator(groups=3), SlotPool(6), pacer, counters, group_size=2, training=training, events=events)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lifecycle.run, _Rollout(lifecycle))
+        await trio.sleep(1.5)
+        assert list(lifecycle.at_learner) == [g.group_id for g in training.sent] and len(lifecycle.at_learner) == 3
+        first, second, third = lifecycle.at_learner
+        lifecycle.learner_dropped(second)
+        lifecycle.learner_updated(1, groups_trained=1, group_ids=(third,))
+        assert list(lifecycle.at_learner) == [first]
+        nursery.cancel_scope.cancel()

@@ -12,6 +12,7 @@ from pipeline.messages import (
     FramesDropped,
     GateReport,
     GroupClosed,
+    GroupDropped,
     GroupExpected,
     GroupOpened,
     GroupResult,
@@ -60,6 +61,7 @@ EXAMPLES = [
     WeightsPublished(version=4, groups_trained=32, published_at=10.0),
     Metrics(stage="learner", values={"learner/loss": 0.25}),
     PhaseFinished(updates=10, stop_reason="updates"),
+    GroupDropped(group_id=7, reason="all_fail"),
 ]
 
 WORKER_EXAMPLES = [
@@ -72,6 +74,7 @@ WORKER_EXAMPLES = [
     (StageReady(stage="gate", gate="prefix_edit_distance", shadow=True), ReportStream),
     (LearnerUpdated(version=2, stats={"learner/loss": 0.1}, train_seconds=1.5, groups_trained=8, weights=b"w", trainer_state=b"s"), ReportStream),
     (LearnerDropped(zero_variance=True), ReportStream),
+    (LearnerDropped(zero_variance=True, group_id=3, reason="all_succeed"), ReportStream),
     (GateReport(statistics={"gate/decisions": 3.0, "gate/us_per_decision": None}, counters={"cuts": 1, "groups_by_kind": {"group": 2}}), ReportStream),
     (GateReport(statistics={"gate/decisions/group": 3, "gate/us_per_decision": 41.5}, counters={}, final=True), ReportStream),
     (FramesDropped(stage="learner", counts={"results": {"bad_token": 3, "unknown_group": 1}}), ReportStream),

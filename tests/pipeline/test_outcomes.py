@@ -53,3 +53,19 @@ def test_label_rewards_leave_cut_and_failed_rollouts_out():
 def test_zero_variance_label_needs_two_complete_rewards():
     assert zero_variance_label([0.0, 0.0]) is True and zero_variance_label([0.0, 1.0]) is False
     assert zero_variance_label([1.0]) is None and zero_variance_label([]) is None
+
+
+def test_drop_reason_names_the_outcome_of_a_group_the_learner_drops():
+    from pipeline.messages import GroupResult, Trajectory, TrajectoryStatus
+    from pipeline.outcomes import DROP_REASONS, drop_reason
+
+    def group(wins, *, cut=False, reward=None):
+        trajectories = [Trajectory(rollout_index=i, turns=[], reward=float(w) if reward is None else reward, success=w,
+                                   status=TrajectoryStatus.COMPLETE) for i, w in enumerate(wins)]
+        return GroupResult(group_id=0, task_id="t", trajectories=trajectories, cut=cut)
+
+    assert drop_reason(group([False, False])) == "all_fail"
+    assert drop_reason(group([True, True])) == "all_succeed"
+    assert drop_reason(group([True, False], reward=0.5)) == "zero_variance"  # equal rewards, mixed outcomes
+    assert drop_reason(group([True, False], cut=True)) == "cut"
+    assert {"all_fail", "all_succeed", "zero_variance", "cut", "run_ended"} == set(DROP_REASONS)

@@ -39,3 +39,14 @@ def test_builtins_are_also_installed_entry_points():
     assert "prefix_edit_distance" in names
     fresh = Registry("gates", {})  # no built-in table: only entry points
     assert fresh.get("prefix_edit_distance").__name__ == "PrefixEditDistanceGate"
+
+
+def test_a_dotted_path_is_told_to_write_module_colon_attr():
+    registry = Registry("gates", {"a": "pipeline.registry:Registry"})
+    with pytest.raises(LookupError, match="written module:attr, e.g. 'mypkg.gates:MyGate'"):
+        registry.get("mypkg.gates.MyGate")
+    with pytest.raises(LookupError) as plain:
+        registry.get("b")
+    assert "module:attr" not in str(plain.value)  # a plain unknown name gets no hint
+    with pytest.raises(LookupError, match="PYTHONPATH"):
+        load_object("no_such_module_xyz:thing")

@@ -58,6 +58,7 @@ async def test_converged_group_is_cut_and_diverse_group_is_not():
     (decision,) = await _run_gate(stage, messages, bad_frames=3)
     assert isinstance(decision, CancelGroup)
     assert decision.group_id == 1 and decision.value == 0.0 and decision.gate == "prefix_edit_distance"
+    assert decision.checkpoint == 10  # the gate's K: where it decided, carried to the cut group's result
     assert not decision.shadow
     stats = stage.statistics()
     assert stats["gate/decisions"] == 2 and stats["gate/cut_decisions"] == 1

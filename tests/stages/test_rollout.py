@@ -114,12 +114,12 @@ async def test_cancel_cuts_the_group_at_once_and_closes_every_episode(autojump_c
         nursery.start_soon(run)
         await trio.sleep(3.5)  # every rollout has done 3 steps and waits in act()
         assert stage.running_groups == 1
-        assert stage.cancel(5, "converged", 0.05)
+        assert stage.cancel(5, "converged", 0.05, 3)
         await trio.testing.wait_all_tasks_blocked()
         assert results, "run_group returned as soon as the group was cut"
         assert trio.current_time() == 3.5
     (result,) = results
-    assert result.cut and result.cut_reason == "converged" and result.gate_value == 0.05
+    assert result.cut and result.cut_reason == "converged" and result.gate_value == 0.05 and result.cut_checkpoint == 3
     assert [t.status for t in result.trajectories] == [TrajectoryStatus.CUT] * 8
     assert all(len(t.turns) == 3 for t in result.trajectories)
     assert policy.abandoned == 8

@@ -3,7 +3,8 @@
 It drives an allocator exactly as the runtime does (fill free slots with `next_admission` until None,
 finish groups one at a time in random order, hand over training groups, update the learner) and checks the
 contract after every call: admissions fit the free slots, no cut group is ever emitted, the run never
-deadlocks, and the accounting identities of `statistics()` hold.
+deadlocks, and the accounting identities of `statistics()` hold. The keys it reads are the public
+`gates.allocators.Ledger`'s, which `AllocatorBase` keeps: an allocator that subclasses it has them.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gates.allocators import Admission, Allocator, AllocatorContext, build_allocator
+from gates.allocators import Admission, Allocator, AllocatorContext, Ledger, build_allocator
 from pipeline.messages import GroupResult, Trajectory, TrajectoryStatus
 from stages.envs.base import Task
 
@@ -76,6 +77,8 @@ class Sim:
         self.free = self.slots
         self.base = dict(self.allocator.statistics())
         """Counters at the start (a restored allocator carries its earlier counts)."""
+        missing = sorted(set(Ledger().statistics()) - set(self.base))
+        assert not missing, f"statistics() lacks {missing}: subclass gates.allocators.AllocatorBase (it keeps them)"
 
     def fill(self) -> None:
         while self.free > 0:

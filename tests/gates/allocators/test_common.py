@@ -8,9 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gates.allocators import Ledger, TaskCycle
 from gates.allocators._common import (
-    Ledger,
-    TaskCycle,
     YieldPacer,
     is_zero_variance,
     merge_groups,

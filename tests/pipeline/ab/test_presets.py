@@ -24,11 +24,25 @@ def test_the_issue_s_arms_and_budgets_ship():
 @pytest.mark.parametrize("arm", ARMS, ids=lambda p: p.name)
 def test_every_arm_validates_under_every_budget(arm, budget):
     overrides = [*budget.overrides, *arm.overrides]
-    if arm.name.endswith("-learn") and budget.name == "tiny" and "gate.enabled=true" in overrides:
-        with pytest.raises(ConfigError, match="could never fire"):  # a learn-regime gate (K >= 10) in 8-step episodes
+    if arm.name.endswith("-learn") and budget.name == "tiny" and "gate.enabled=true" in overrides and "gate.k=10" not in overrides:
+        with pytest.raises(ConfigError, match="could never fire"):  # a learn-regime gate (K = 20) in 12-step episodes
             load(None, overrides)
         return
     load(None, overrides)
+
+
+@pytest.mark.parametrize("budget", BUDGETS, ids=lambda p: p.name)
+def test_a_budget_sets_no_plugin_s_options(budget):
+    """A budget is layered over any config, a user's gate / allocator / stages included: it may size the run but
+    set nothing a plugin owns (a gate without a `k` option refused the tiny budget's old `gate.k = 4`)."""
+    owned = ("gate.", "allocator.", "stages", "env.options", "trackers")
+    assert not [o for o in budget.overrides if o.startswith(owned)], budget.overrides
+
+
+def test_the_tiny_budget_lets_every_built_in_gate_fire_with_its_own_defaults():
+    tiny = next(b for b in BUDGETS if b.name == "tiny")
+    for gate in ("prefix_edit_distance", "stall"):
+        load(None, [*tiny.overrides, "gate.enabled=true", f'gate.name="{gate}"'])
 
 
 @pytest.mark.parametrize("budget", BUDGETS, ids=lambda p: p.name)

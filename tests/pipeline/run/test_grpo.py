@@ -54,3 +54,29 @@ def test_occupancy_is_taken_after_the_policy_started(tmp_path):
     # counting ended trajectories alone it read the slots of those still running as idle)
     assert outcome.env_steps > 0
     assert outcome.trajectory_slot_occupancy == pytest.approx(outcome.slot_occupancy, rel=0.15)
+
+
+async def test_the_groups_still_at_the_learner_are_dropped_as_run_ended_before_phase_finished():
+    from types import SimpleNamespace
+
+    from pipeline.config import RunConfig
+    from pipeline.counters import PhaseCounters
+    from pipeline.messages import GroupDropped, PhaseFinished
+    from pipeline.run.grpo import _finish
+
+    class _Heldout:
+        async def idle(self):
+            pass
+
+    events, events_in = trio.open_memory_channel(10)
+    counters = PhaseCounters()
+    phase = SimpleNamespace(lifecycle=SimpleNamespace(at_learner={4: None, 9: None}), counters=counters, version=2,
+                            cfg=RunConfig())
+    wiring = SimpleNamespace(phase=phase, heldout=_Heldout(), events=events, stages=SimpleNamespace(custom=[]))
+    observers_done = trio.Event()
+    observers_done.set()
+    await _finish(wiring, "updates", observers_done)
+    sent = [events_in.receive_nowait() for _ in range(3)]
+    assert sent == [GroupDropped(group_id=4, reason="run_ended"), GroupDropped(group_id=9, reason="run_ended"),
+                    PhaseFinished(updates=2, stop_reason="updates")]
+    assert counters.groups_dropped_run_ended == 2

@@ -125,3 +125,27 @@ async def test_reports_a_stage_process_cannot_have_sent_are_dropped_and_its_drop
     assert stages.gate.identity() == GateIdentity("stall", True)  # the first StageReady of the gate, not the forged second
     assert dropped == {"reports": {"unexpected_ready": 2, "unexpected_report": 1},
                        "results": {"bad_token": 5}}  # a stage's last counts, not their sum
+
+
+async def test_a_learner_drop_and_the_groups_an_update_trained_keep_their_ids_across_processes():
+    """A learner in its own process: the runtime's `GroupDropped` and its groups at the learner need the ids."""
+    from pipeline.counters import GroupsConsumed
+
+    sent = []
+
+    class _Socket:
+        async def send(self, message):
+            sent.append(msgspec.msgpack.decode(msgspec.msgpack.encode(message), type=ReportStream))
+
+    wire = stage_children._WireReports(_Socket())
+    await wire.send(GroupsConsumed(zero_variance=True, group_id=7, reason="all_succeed"))
+    await wire.send(LearnerReport(version=1, stats={}, train_seconds=0.0, weights={"w": torch.ones(2)}, trainer_state=None,
+                                  groups_trained=2, group_ids=(3, 5)))
+    drop, update = sent
+    assert update.group_ids == [3, 5]
+    _, first, _ = await _read_reports(load_config(None, ["transport.mode=processes"]), [drop])
+    assert first == GroupsConsumed(zero_variance=True, group_id=7, reason="all_succeed")  # as the learner sent it
+    import trio
+
+    report = child_reports.ChildReports(trio.open_memory_channel(1)[0])._learner_report(update, None)
+    assert report is not None and report.group_ids == (3, 5)

@@ -7,6 +7,7 @@ from structlog.testing import capture_logs
 
 from pipeline.config import RunConfig
 from pipeline.counters import GroupsConsumed, PhaseCounters
+from pipeline.messages import GroupDropped
 from pipeline.run.updates import STARVED_BATCHES, Starvation, UpdateRecorder, starved_note
 
 
@@ -33,27 +34,31 @@ class _Lifecycle:
     def __init__(self):
         self.dropped = 0
 
-    def learner_dropped(self):
+    def learner_dropped(self, group_id):
         self.dropped += 1
 
 
 async def test_the_report_consumer_warns_on_zero_variance_drops_only():
     counters = PhaseCounters(groups_complete=20, all_fail_complete=20)
     phase = SimpleNamespace(cfg=RunConfig(), counters=counters, lifecycle=_Lifecycle(), done=trio.Event(), version=0)
-    recorder = UpdateRecorder(phase, events=None, metrics=None, heldout=None, profiler=None, checkpointer=None, progress=None)
     batch = phase.cfg.learner.batch_groups
+    events, events_in = trio.open_memory_channel((3 + STARVED_BATCHES) * batch)
+    recorder = UpdateRecorder(phase, events=events, metrics=None, heldout=None, profiler=None, checkpointer=None, progress=None)
     send, receive = trio.open_memory_channel(0)
     with capture_logs() as logs:
         async with trio.open_nursery() as nursery:
             await nursery.start(recorder.consume, receive, nursery)
             async with send:
-                for _ in range(3 * batch):
-                    await send.send(GroupsConsumed(cut=True))  # refused cut groups are not starvation
-                for _ in range(STARVED_BATCHES * batch):
-                    await send.send(GroupsConsumed(zero_variance=True))
+                for i in range(3 * batch):
+                    await send.send(GroupsConsumed(cut=True, group_id=i, reason="cut"))  # refused cut groups are not starvation
+                for i in range(STARVED_BATCHES * batch):
+                    await send.send(GroupsConsumed(zero_variance=True, group_id=100 + i, reason="all_fail"))
     starved = [e for e in logs if e["event"] == "learner.starved"]
     assert len(starved) == 1 and starved[0]["log_level"] == "warning"
     assert starved[0]["dropped_zero_variance"] == STARVED_BATCHES * batch and starved[0]["since_update"] == 0
     assert "20 of 20 complete groups failed in every rollout" in starved[0]["note"]
     assert phase.lifecycle.dropped == (3 + STARVED_BATCHES) * batch
     assert counters.groups_dropped_zero_variance == STARVED_BATCHES * batch and counters.cut_groups_refused == 3 * batch
+    dropped = [events_in.receive_nowait() for _ in range((3 + STARVED_BATCHES) * batch)]  # one GroupDropped per drop
+    assert dropped[0] == GroupDropped(group_id=0, reason="cut") and dropped[-1].reason == "all_fail"
+    assert [d.group_id for d in dropped] == [*range(3 * batch), *range(100, 100 + STARVED_BATCHES * batch)]
