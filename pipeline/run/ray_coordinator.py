@@ -11,9 +11,13 @@ and Ray ends them with it.
 The process you started (the driver) only waits: on the actor's `run()`, and on a health ping every
 `HEALTH_EVERY_S`. Ctrl-C / SIGTERM there reaches the job through `stop()` (the same graceful stop, with a
 checkpoint); the job's per-update lines reach your terminal through Ray's log forwarding. The driver gets
-back a typed, msgpack-encoded `JobEnded` (what ended the job, the run folder, the summary), never an
-exception or any other pickled object of rollcut's. A coordinator that dies (its process or its node) fails
-the run with one line naming it and its node, and where its run folder is.
+back a typed, msgpack-encoded `JobEnded` (what ended the job, the run folder, the summary). One path is
+Ray's, not rollcut's: an exception that escapes the actor's `run()` reaches the driver as a `RayTaskError`
+whose `cause` Ray has unpickled (as it unpickles everything on its control plane); the driver reads only its
+first line. That is acceptable under Ray's trusted-cluster model, which a run on Ray assumes anyway (only
+trusted machines can reach the cluster: docs/ray.md, "Security"); the run's own frames stay msgpack. A
+coordinator that dies (its process or its node) fails the run with one line naming it and its node, and where
+its run folder is.
 
 The run folder is written on the coordinator's node, at the path the driver would use: run the driver on
 that node (pin the coordinator to it with a custom resource) or put `run.out` on a filesystem both see, so

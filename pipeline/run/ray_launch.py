@@ -31,7 +31,9 @@ update; `python run.py resume RUN_DIR` continues from it). The placement group a
 when the pool's block ends, however it ends; Ray also ends actors whose owner (this process) is gone.
 
 Ray's own control plane deserialises its messages with pickle: run a Ray cluster on a trusted network
-(Ray's security guidance). What rollcut sends between processes is msgpack, typed on receipt.
+(Ray's security guidance). What rollcut sends between processes is msgpack, typed on receipt; the one
+pickled object rollcut reads is Ray's: a failed actor's exception (`RayTaskError.cause`, of which
+`_fail_on_exit` reads the first line), acceptable under that trusted-cluster model (docs/ray.md, "Security").
 """
 
 from __future__ import annotations
