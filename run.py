@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 def _train(cfg, resume_dir: Path | None) -> int:  # noqa: ANN001
     import trio
 
+    from pipeline.run.failure import RunRefused
     from pipeline.run.job import RunFailed, RunInterrupted
 
     try:
@@ -104,6 +105,9 @@ def _train(cfg, resume_dir: Path | None) -> int:  # noqa: ANN001
         leaf = exc
         while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
             leaf = leaf.exceptions[0]  # the signal watcher's nursery wraps what run_job raised
+        if isinstance(leaf, RunRefused):  # cannot start as asked (no Ray cluster, an unreadable checkpoint): usage
+            print(f"run.py: {leaf}", file=sys.stderr)
+            return 2
         if not isinstance(leaf, RunInterrupted | RunFailed):
             raise
         print(f"\nrun.py: {leaf}", file=sys.stderr)

@@ -134,9 +134,16 @@ async def run_job(
     cfg: RunConfig, *, progress: Progress | None = None, resume_dir: Path | None = None, stop: trio.Event | None = None
 ) -> JobResult:
     """Run the whole job (or continue the stopped one in `resume_dir`); the run folder is created first so
-    even a failed run leaves its events. `stop` (Ctrl-C) ends it with a checkpoint: `RunInterrupted`."""
+    even a failed run leaves its events. `stop` (Ctrl-C) ends it with a checkpoint: `RunInterrupted`. On Ray the
+    process joins the cluster first, so a cluster that is not there is `RunRefused` before any run folder exists."""
     wall_started = time.perf_counter()
     tune_malloc(arenas=cfg.run.malloc_arenas, fixed_mmap=cfg.run.flat_memory)  # before the model exists (pipeline/memory.py)
+    async with cluster(cfg):  # on Ray: joined for the whole job (`placement.address`)
+        return await _run_job_joined(cfg, progress, resume_dir, stop, wall_started)
+
+
+async def _run_job_joined(cfg: RunConfig, progress: Progress | None, resume_dir: Path | None, stop: trio.Event | None,
+                          wall_started: float) -> JobResult:
     run_dir = resume_dir if resume_dir is not None else create_run_dir(cfg)
     checkpoint = resume.load_state(run_dir) if resume_dir is not None else None
     if resume_dir is not None:
@@ -153,9 +160,8 @@ async def run_job(
     trackers, started, finished = Trackers(), time.time(), False
     try:
         trackers = _open_trackers(cfg, run_dir, checkpoint if resume_dir is not None else None, resumed=resume_dir is not None)
-        async with cluster(cfg):  # on Ray: joined for the whole job (`placement.address`)
-            result = await _run_phases(cfg, run_dir, checkpoint, progress, stop if stop is not None else trio.Event(), wall_started,
-                                       built, trackers=trackers)
+        result = await _run_phases(cfg, run_dir, checkpoint, progress, stop if stop is not None else trio.Event(), wall_started,
+                                   built, trackers=trackers)
         finished = True
         return result
     finally:

@@ -45,6 +45,7 @@ from pipeline.config import RunConfig
 from pipeline.progress import Progress
 from pipeline.stage import StageFailed
 
+from .failure import RunRefused
 from .job import RunFailed, RunInterrupted, run_job
 from .ray_launch import (
     GROUP_PREFIX_ENV,
@@ -66,12 +67,12 @@ log = structlog.get_logger(__name__)
 class JobEnded(msgspec.Struct, frozen=True):
     """What the coordinator actor returns to the driver (msgpack; nothing the driver decodes runs code)."""
 
-    ended: Literal["done", "interrupted", "failed"]
+    ended: Literal["done", "interrupted", "failed", "refused"]
     node: str
     """The node id the job ran on."""
     run_dir: str
     message: str = ""
-    """RunFailed's / RunInterrupted's one line."""
+    """RunFailed's / RunInterrupted's / RunRefused's one line."""
     version: int | None = None
     """The update the checkpoint holds (interrupted)."""
     summary: dict[str, Any] = {}
@@ -140,11 +141,13 @@ async def _job(actor: Coordinator, cfg: RunConfig, resume_dir: Path | None) -> J
         return JobEnded("interrupted", node, str(exc.run_dir), str(exc), version=exc.version)
     except RunFailed as exc:
         return JobEnded("failed", node, str(resume_dir or ""), str(exc))
+    except RunRefused as exc:  # e.g. a resume whose checkpoint cannot be read
+        return JobEnded("refused", node, str(resume_dir or ""), str(exc))
     return JobEnded("done", node, str(result.run_dir), summary=result.summary, summary_md=result.summary_md)
 
 
 async def run_job_on_ray(cfg: RunConfig, *, resume_dir: Path | None = None, stop: trio.Event | None = None) -> RemoteJob:
-    """`run_job` in a coordinator actor; raises what `run_job` raises (`RunInterrupted`, `RunFailed`)."""
+    """`run_job` in a coordinator actor; raises what `run_job` raises (`RunInterrupted`, `RunFailed`, `RunRefused`)."""
     p = cfg.placement
     assert p.coordinator is not None, "run_job_on_ray needs [placement.coordinator]"
     stop = stop if stop is not None else trio.Event()
@@ -178,6 +181,8 @@ async def run_job_on_ray(cfg: RunConfig, *, resume_dir: Path | None = None, stop
         raise RunInterrupted(Path(ended.run_dir), ended.version)
     if ended.ended == "failed":
         raise RunFailed(ended.message)
+    if ended.ended == "refused":
+        raise RunRefused(ended.message)
     return RemoteJob(Path(ended.run_dir), ended.summary, ended.summary_md, ended.node)
 
 
