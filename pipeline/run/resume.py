@@ -13,10 +13,10 @@ a learner-update boundary (the learner thread is idle then, so weights, optimize
     job               what the job measured before GRPO (warm start time, held-out success before)
 
 Loading a checkpoint runs no code, whoever wrote the run folder (a shared runs directory, a copied folder): the
-file holds the state's tensors, read with `torch.load(weights_only=True)` (torch's unpickler that builds tensors
-and plain containers only, refusing any other object), and everything else (counters, RNG states, the
-optimizer's numbers) as one msgpack blob beside them (`pack_state` / `unpack_state`). A file that is not such a
-checkpoint (a planted pickle, a truncated or damaged file) is `RunRefused`: one line naming the file (exit 2).
+file is the state packed by `pipeline.tensors` (msgpack; tensors as dtype, shape and raw bytes; tuples kept),
+the form in which trainer state crosses a socket, which rebuilds that tree and nothing else: no pickle, no
+class looked up by name. A file that is not such a checkpoint (a planted pickle, a truncated or damaged file)
+is `RunRefused`: one line naming the file (exit 2).
 
 Every file is written to a temporary name and renamed (`atomic_write`): a crash or a full disk mid-write
 leaves the previous checkpoint intact. Groups in flight at the checkpoint are not saved: a resumed run
@@ -29,7 +29,6 @@ import copy
 import dataclasses
 import json
 import os
-import pickle  # only for its UnpicklingError: torch's weights_only loader raises it for any object it refuses
 import random
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -40,15 +39,14 @@ import torch
 import trio
 
 from learner.trainer import published_weights
+from pipeline import tensors
 from pipeline.config import RunConfig
 
 from .failure import RunRefused
 
 FORMAT = 2
-"""2: tensors + a msgpack blob (nothing pickled but tensors); 1 (before): the whole state pickled."""
+"""2: the state packed by `pipeline.tensors` (msgpack, no pickle); 1 (before): the whole state pickled."""
 STATE_FILE = "state.pt"
-_TENSOR, _TUPLE = "\x00tensor", "\x00tuple"
-"""The markers `pack_state` leaves in the msgpack tree: {_TENSOR: index into the tensor list}, {_TUPLE: items}."""
 
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
@@ -111,7 +109,7 @@ class Checkpointer:
         if state is None:
             return None
         if state["version"] != self.written_version:
-            atomic_write(self.path, lambda f: torch.save(pack_state(state), f))
+            atomic_write(self.path, lambda f: f.write(tensors.pack(state)))
             self.written_version = state["version"]
         return state["version"]
 
@@ -123,71 +121,16 @@ def load_state(run_dir: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        packed = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise RunRefused(f"{path} is refused: it holds objects other than tensors and plain data, which would run code "
-                         f"when loaded ({_first_line(exc)}); a rollcut checkpoint never does. Resume only folders you "
-                         "trust, or start a new run") from exc
-    except Exception as exc:  # a truncated, damaged or foreign file: torch says why in many ways
-        raise RunRefused(f"{path} cannot be read as a checkpoint ({type(exc).__name__}: {_first_line(exc)}); "
-                         "it is damaged or not rollcut's: start a new run, or restore the file") from exc
-    if not isinstance(packed, dict) or packed.get("format") != FORMAT:
-        found = packed.get("format") if isinstance(packed, dict) else type(packed).__name__
+        state = tensors.unpack(path.read_bytes())
+    except tensors.WireError as exc:
+        raise RunRefused(f"{path} cannot be read as a checkpoint ({_first_line(exc)}): it is damaged, or not one this "
+                         "rollcut wrote (nothing in it was run); start a new run, or restore the file") from exc
+    except OSError as exc:
+        raise RunRefused(f"{path} cannot be read: {exc.strerror or exc}") from exc
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise RunRefused(f"{path}: checkpoint format {found!r}, this rollcut reads {FORMAT} (start a new run)")
-    try:
-        return unpack_state(packed)
-    except (KeyError, IndexError, TypeError, msgspec.DecodeError) as exc:
-        raise RunRefused(f"{path} cannot be read as a checkpoint ({type(exc).__name__}: {_first_line(exc)}); "
-                         "it is damaged: start a new run, or restore the file") from exc
-
-
-def pack_state(state: Mapping[str, Any]) -> dict[str, Any]:
-    """`state` as what the checkpoint file holds: {"format", "tensors": [...], "data": msgpack bytes}, the
-    tensors taken out of the tree (tuples kept as tuples)."""
-    tensors: list[torch.Tensor] = []
-
-    def pack(obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
-            tensors.append(obj)
-            return {_TENSOR: len(tensors) - 1}
-        if isinstance(obj, tuple):
-            return {_TUPLE: [pack(x) for x in obj]}
-        if isinstance(obj, list):
-            return [pack(x) for x in obj]
-        if isinstance(obj, dict):
-            return {k: pack(v) for k, v in obj.items()}
-        return obj
-
-    data = msgspec.msgpack.encode(pack(dict(state)), enc_hook=_plain)
-    return {"format": FORMAT, "tensors": tensors, "data": data}
-
-
-def unpack_state(packed: Mapping[str, Any]) -> dict[str, Any]:
-    """The state `pack_state` packed."""
-    tensors = packed["tensors"]
-
-    def unpack(obj: Any) -> Any:
-        if isinstance(obj, dict):
-            if len(obj) == 1 and _TENSOR in obj:
-                return tensors[obj[_TENSOR]]
-            if len(obj) == 1 and _TUPLE in obj:
-                return tuple(unpack(x) for x in obj[_TUPLE])
-            return {k: unpack(v) for k, v in obj.items()}
-        if isinstance(obj, list):
-            return [unpack(x) for x in obj]
-        return obj
-
-    state = unpack(msgspec.msgpack.decode(packed["data"]))
-    if not isinstance(state, dict):
-        raise TypeError(f"the state is a {type(state).__name__}, not a table")
-    return state | {"format": packed["format"]}
-
-
-def _plain(obj: Any) -> Any:
-    """msgpack's fallback for numpy scalars (`.item()`); anything else cannot be checkpointed."""
-    if hasattr(obj, "item") and hasattr(obj, "dtype"):
-        return obj.item()
-    raise TypeError(f"a checkpoint holds tensors and plain data only, not {type(obj).__name__}")
+    return state
 
 
 def _first_line(exc: BaseException) -> str:

@@ -89,14 +89,13 @@ def _trained_state() -> dict:
             "policy": None, "allocator": {"order": [3, 1, 2], "epoch": 1}}
 
 
-def test_a_checkpoint_round_trips_with_nothing_but_tensors_pickled(tmp_path):
-    import pickletools
-
+def test_a_checkpoint_round_trips_and_holds_no_pickle(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     state = _trained_state()
     ckpt = Checkpointer(tmp_path, every=1)
     ckpt.capture(state)
     ckpt.write()
+    assert b"\x80\x02" not in ckpt.path.read_bytes()[:2] and not ckpt.path.read_bytes().startswith(b"PK")  # no pickle, no zip
     loaded = load_state(tmp_path)
     assert loaded["trainer"]["rng"] == state["trainer"]["rng"] and isinstance(loaded["trainer"]["rng"], tuple)
     assert loaded["rng"]["python"] == state["rng"]["python"] and torch.equal(loaded["rng"]["torch"], state["rng"]["torch"])
@@ -108,14 +107,9 @@ def test_a_checkpoint_round_trips_with_nothing_but_tensors_pickled(tmp_path):
     fresh = torch.nn.Linear(3, 2)
     torch.optim.Adam(fresh.parameters(), lr=1e-3).load_state_dict(opt)
     fresh.load_state_dict(loaded["trainer"]["model"])
-    # the pickle in the file names no global but torch's tensor rebuilding: no Python object of rollcut's or anyone's
-    import zipfile
+    import random
 
-    with zipfile.ZipFile(ckpt.path) as z:
-        pkl = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
-    globals_named = {arg for op, arg, _ in pickletools.genops(pkl) if op.name in ("GLOBAL", "STACK_GLOBAL") and arg}
-    plain = {"collections OrderedDict", "_codecs encode"}  # an ordered dict; bytes (the msgpack blob) in pickle protocol 2
-    assert all(str(g).startswith("torch") or g in plain for g in globals_named), globals_named
+    random.Random().setstate(loaded["trainer"]["rng"])  # a tuple again, as Random needs
 
 
 class _Planted:
@@ -138,7 +132,7 @@ def test_a_planted_pickle_is_refused_and_runs_nothing(tmp_path):
         load_state(tmp_path)
     assert not marker.exists()
     message = str(refused.value)
-    assert "\n" not in message and str(tmp_path / "checkpoints" / "state.pt") in message and "run code" in message
+    assert "\n" not in message and str(tmp_path / "checkpoints" / "state.pt") in message and "nothing in it was run" in message
 
 
 @pytest.mark.parametrize("content", [b"this is not a checkpoint\n", b"", None])
