@@ -20,6 +20,13 @@ finds a decoded message invalid (unknown group, index out of range...) drops it 
 rate-limited: the first `WARN_FIRST` drops of a socket are logged one by one, then one line with the
 counts every `WARN_EVERY` drops, so a flood of garbage cannot flood the log.
 
+Frame sizes: every socket refuses an incoming frame larger than its role carries (`ZMQ_MAXMSGSIZE`, checked
+by libzmq from the frame's header, before it allocates anything): `MESSAGE_FRAME_BYTES` for every message but
+weights, `weights_frame_bytes(...)` for the two sockets that carry weights (a decoding worker's inbox, the
+reports of a learner process), sized from the model. libzmq drops the sender's connection instead of the frame
+and does not say why, so such a frame is never decoded, never held in memory, and not in `dropped_frames`
+(it cannot be told from a peer that left).
+
 Frames from other hosts: a tcp socket binds where its address says; `pipeline.config` refuses a tcp bind
 address that is not loopback unless `transport.allow_remote` is set or CURVE keys are configured. With
 `open_context(curve_dir=...)` every tcp socket uses ZeroMQ CURVE (pipeline/curve.py): only peers whose public
@@ -63,9 +70,18 @@ _KINDS = {
 }
 DEFAULT_LINGER_MS = 5_000
 """How long close() keeps unsent messages before ctx.term() may drop them."""
+MESSAGE_FRAME_BYTES = 64 << 20
+"""The largest frame a socket takes unless its role carries weights: a step, a cut, a group's trajectories with
+their token ids, log-probs and nuclei (a few MB for the largest groups), a request or a reply."""
 WARN_FIRST = 10
 """Dropped frames of one socket logged one by one; after that, one summary line every WARN_EVERY drops."""
 WARN_EVERY = 1_000
+
+
+def weights_frame_bytes(tensor_bytes: int, copies: int) -> int:
+    """The largest frame of a socket whose messages carry `copies` copies of a model of `tensor_bytes` bytes
+    (the packed form adds a few bytes per tensor), beside what any message may carry."""
+    return copies * tensor_bytes + MESSAGE_FRAME_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +147,7 @@ class Context:
         linger_ms: int = DEFAULT_LINGER_MS,
         name: str | None = None,
         secret: bytes | None = None,
+        max_frame: int = MESSAGE_FRAME_BYTES,
     ) -> Socket[Any]:
         """Create and bind/connect a socket.
 
@@ -144,6 +161,7 @@ class Context:
             subscribe: SUB prefix filter (b"" = everything).
             name: what the socket is called in logs and `dropped_frames()` (default: its address).
             secret: seal this socket with this secret instead of the context's (b"": not at all).
+            max_frame: the largest frame it takes, in bytes (see the module doc, "Frame sizes").
         """
         if kind not in _KINDS:
             raise ValueError(f"unknown socket kind {kind!r} (known: {', '.join(_KINDS)})")
@@ -151,6 +169,7 @@ class Context:
         raw.setsockopt(zmq.SNDHWM, hwm)
         raw.setsockopt(zmq.RCVHWM, hwm)
         raw.setsockopt(zmq.LINGER, linger_ms)
+        raw.setsockopt(zmq.MAXMSGSIZE, max_frame)
         if kind == "sub":
             raw.setsockopt(zmq.SUBSCRIBE, subscribe)
         monitor = None

@@ -28,7 +28,7 @@ from pipeline.messages import (
     StageReady,
 )
 from pipeline.stage import StageContext
-from pipeline.transport import Context
+from pipeline.transport import MESSAGE_FRAME_BYTES, Context, weights_frame_bytes
 
 if TYPE_CHECKING:
     from .launch import Child
@@ -41,6 +41,13 @@ child that has not exited 5 s after SIGTERM, so nothing can come later."""
 BOUND_BY = {"gate": {"steps"}, "learner": {"results"}}
 """The addresses a stage child binds (and says in its `StageReady`); the phase binds the others (a custom
 stage's child binds none)."""
+
+
+def learner_frame_bytes(model: Any) -> int:
+    """The largest `LearnerUpdated` of a learner training `model`: its weights, and a trainer state of the model,
+    Adam's two moments, the moving average and the KL reference (with room to spare: 8 copies)."""
+    state = model.state_dict()
+    return weights_frame_bytes(sum(t.numel() * t.element_size() for t in state.values() if hasattr(t, "numel")), copies=8)
 
 
 def _beside(address: str, suffix: str) -> str:
@@ -62,8 +69,11 @@ def from_bytes(blob: bytes) -> Any:
 class ChildReports:
     """The reports PULL of a phase whose stages run in children: readiness, gate reports, learner reports."""
 
-    def __init__(self, reports: trio.MemorySendChannel[Any], *, custom_secret: bytes = b"") -> None:
+    def __init__(self, reports: trio.MemorySendChannel[Any], *, custom_secret: bytes = b"",
+                 max_frame: int = MESSAGE_FRAME_BYTES) -> None:
         self._reports = reports
+        self.max_frame = max_frame
+        """The largest report frame: a learner's weights and trainer state (`learner_frame_bytes`)."""
         self.custom_secret = custom_secret
         """Seals the custom stages' own reports socket (b"": they report on this one, as on Ray, keyed by CURVE)."""
         self.custom_address: str | None = None
@@ -79,7 +89,8 @@ class ChildReports:
 
     async def receive(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         t = ctx.addresses
-        pull = ctx.zmq.socket("pull", t.reports, bind=True, receives=ReportStream, hwm=t.hwm, name="reports")
+        pull = ctx.zmq.socket("pull", t.reports, bind=True, receives=ReportStream, hwm=t.hwm, name="reports",
+                              max_frame=self.max_frame)
         async with pull, self._reports, trio.open_nursery() as nursery:
             if self.custom and self.custom_secret:
                 custom = ctx.zmq.socket("pull", _beside(t.reports, "custom"), bind=True, receives=CustomReportStream,

@@ -46,7 +46,7 @@ from pipeline.stage import StageContext
 from stages.rollout import GateIdentity
 
 from .build import build_gate_stage, build_launcher, build_learner_stage
-from .child_reports import ChildReports, to_bytes
+from .child_reports import ChildReports, learner_frame_bytes, to_bytes
 from .launch import Child, Launcher, Placed, child_spec, launch
 from .runtime import AnnouncedSender
 
@@ -163,7 +163,8 @@ def place_stages(cfg: RunConfig, trainer: Trainer, *, capture_state: bool, secre
     # least privilege: custom stages' children get a secret of their own, which seals only their reports socket
     # (on Ray every actor has a CURVE key pair instead, and no secret is used)
     custom_secret = new_secret() if secret and cfg.placement.launcher != "ray" and any(s.process for s in cfg.stages) else b""
-    children = ChildReports(reports_in, custom_secret=custom_secret)
+    children = ChildReports(reports_in, custom_secret=custom_secret,
+                            **({"max_frame": learner_frame_bytes(trainer.model)} if trainer is not None else {}))
     gate_child = GateChild(cfg, secret) if cfg.gate.enabled else None
     learner_child = LearnerChild(cfg, trainer, secret, children, capture_state=capture_state)
     custom = [CustomChild(cfg, secret, i, children) for i, spec in enumerate(cfg.stages) if spec.process]
