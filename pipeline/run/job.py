@@ -53,6 +53,7 @@ from .summary import (
     reports_to_json,
     summary,
 )
+from .teardown import build_in_thread
 
 log = structlog.get_logger(__name__)
 
@@ -311,14 +312,19 @@ async def _finish(
 async def _build_policy(cfg: RunConfig, suite: EnvSuite, checkpoint: dict[str, Any] | None) -> tuple[Policy, float]:
     """The warm-started policy, or (resuming) the checkpoint's weights with no warm start at all."""
     t0 = time.perf_counter()
+    # Ctrl-C during the build (a vLLM engine's start) stops the wait at once; the policy is closed when it exists
     if checkpoint is None:
-        policy = await trio.to_thread.run_sync(build_policy, cfg, suite, abandon_on_cancel=True)
+        policy = await build_in_thread(lambda: build_policy(cfg, suite), _close)
         return policy, time.perf_counter() - t0
-    policy = await trio.to_thread.run_sync(lambda: build_policy(cfg, suite, warm_start=False), abandon_on_cancel=True)
+    policy = await build_in_thread(lambda: build_policy(cfg, suite, warm_start=False), _close)
     policy.load_weights(checkpoint["version"], published_weights(checkpoint["trainer"]))
     if checkpoint["policy"] is not None:
         policy.load_sampling_state(checkpoint["policy"])
     return policy, time.perf_counter() - t0
+
+
+def _close(policy: Policy) -> None:
+    policy.close()
 
 
 async def _measure_before(cfg: RunConfig, run_dir: Path, policy: Policy, suite: EnvSuite, splits: dict[str, list[Task]],
