@@ -56,6 +56,25 @@ async def test_generate_returns_ids_and_the_learners_logprobs(policy: VllmPolicy
         assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-3), ratio  # same weights -> ratio 1
 
 
+async def test_a_turns_logprob_does_not_depend_on_its_batch(policy: VllmPolicy) -> None:
+    """Issue 60: the fixture's config says top_p = 0.95, but the engine records no nucleus, so the backend samples
+    without one (top-p 1): each turn's log-prob is the same scored alone or in a batch, and the ratio to what the
+    engine recorded is 1 at unchanged weights (no token can fall on the other side of a recomputed boundary)."""
+    assert policy.sampling.top_p == 1.0
+    async with trio.open_nursery() as nursery:
+        await nursery.start(policy.serve)
+        results = [await policy.act(CTX) for _ in range(4)]
+        nursery.cancel_scope.cancel()
+    learner = policy.trainable()
+    batched, _, _ = learner.completion_logprobs([r.prompt_ids for r in results], [r.token_ids for r in results])
+    for i, r in enumerate(results):
+        alone, _, _ = learner.completion_logprobs([r.prompt_ids], [r.token_ids])
+        n = len(r.token_ids)
+        assert torch.allclose(alone[0, :n], batched[i, :n], atol=1e-5), (alone[0, :n], batched[i, :n])
+        ratio = torch.exp(alone[0, :n] - torch.tensor(r.logprobs))
+        assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-3), ratio
+
+
 async def test_abort_mid_generation_frees_the_request(policy: VllmPolicy, monkeypatch: pytest.MonkeyPatch) -> None:
     def long_params(s, **kwargs):  # noqa: ANN001, ANN003, ANN202
         params = sampling_params(s, **kwargs)
