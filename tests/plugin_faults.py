@@ -150,6 +150,8 @@ dying_policy.Options = DyingOptions  # type: ignore[attr-defined]  # the backend
 
 CLOSED: list[str] = []
 """What `closing_policy` policies recorded when the job closed them, one entry per `close()`."""
+BUILT: list[str] = []
+"""The `closing_policy` policies built, by the same names."""
 
 
 def closing_policy(cfg: Any, pretrain: Any, suite: Any, *, seed: int) -> Any:
@@ -161,6 +163,7 @@ def closing_policy(cfg: Any, pretrain: Any, suite: Any, *, seed: int) -> Any:
 
     policy = dying_policy(msgspec.structs.replace(cfg, options=options), pretrain, suite, seed=seed)
     policy.close = lambda: CLOSED.append(f"policy {id(policy)}")
+    BUILT.append(f"policy {id(policy)}")
     return policy
 
 
