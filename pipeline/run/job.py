@@ -199,8 +199,7 @@ async def _run_phases(
     job = dict(checkpoint["job"]) if checkpoint else {}
     suite = build_suite(cfg)
     splits = heldout_tasks(cfg, suite)
-    policy, warm_start_s = await _unless_stopped(stop, run_dir, _build_policy, cfg, suite, checkpoint)
-    built.append(policy)
+    policy, warm_start_s = await _unless_stopped(stop, run_dir, _build_policy, cfg, suite, checkpoint, built)
     if "heldout_before" in job and job.get("heldout_range", "dev") == cfg.eval.range:
         before = reports_from_json(job["heldout_before"])
     else:  # a new run, or a resume told to measure another range: the before measure of this one
@@ -309,14 +308,18 @@ async def _finish(
     return JobResult(run_dir, figures, outcome)
 
 
-async def _build_policy(cfg: RunConfig, suite: EnvSuite, checkpoint: dict[str, Any] | None) -> tuple[Policy, float]:
-    """The warm-started policy, or (resuming) the checkpoint's weights with no warm start at all."""
+async def _build_policy(cfg: RunConfig, suite: EnvSuite, checkpoint: dict[str, Any] | None,
+                        built: list[Policy]) -> tuple[Policy, float]:
+    """The warm-started policy, or (resuming) the checkpoint's weights with no warm start at all; added to `built`
+    (which the job closes) as soon as it exists, even if Ctrl-C comes right after."""
     t0 = time.perf_counter()
     # Ctrl-C during the build (a vLLM engine's start) stops the wait at once; the policy is closed when it exists
     if checkpoint is None:
         policy = await build_in_thread(lambda: build_policy(cfg, suite), _close)
+        built.append(policy)
         return policy, time.perf_counter() - t0
     policy = await build_in_thread(lambda: build_policy(cfg, suite, warm_start=False), _close)
+    built.append(policy)
     policy.load_weights(checkpoint["version"], published_weights(checkpoint["trainer"]))
     if checkpoint["policy"] is not None:
         policy.load_sampling_state(checkpoint["policy"])
