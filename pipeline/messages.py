@@ -345,6 +345,8 @@ ControlStream = CancelGroup
 ResultStream = GroupResult
 LearnerInbox = GroupResult | GroupExpected
 ReportStream = StageReady | LearnerUpdated | LearnerDropped | GateReport | FramesDropped
+CustomReportStream = StageReady | FramesDropped
+"""What a custom stage's child may say (its own reports socket, sealed with a secret of its own: least privilege)."""
 LearnerStream = WeightsPublished | Metrics
 WorkerInbox = ActRequest | AbandonRequest | LoadWeights
 WorkerOutbox = ActReply | StageReady
@@ -360,6 +362,7 @@ __all__ = [
     "AnyMessage",
     "CancelGroup",
     "ControlStream",
+    "CustomReportStream",
     "FramesDropped",
     "GateReport",
     "GroupClosed",

@@ -20,6 +20,13 @@ finds a decoded message invalid (unknown group, index out of range...) drops it 
 rate-limited: the first `WARN_FIRST` drops of a socket are logged one by one, then one line with the
 counts every `WARN_EVERY` drops, so a flood of garbage cannot flood the log.
 
+Frame sizes: every socket refuses an incoming frame larger than its role carries (`ZMQ_MAXMSGSIZE`, checked
+by libzmq from the frame's header, before it allocates anything): `MESSAGE_FRAME_BYTES` for every message but
+weights, `weights_frame_bytes(...)` for the two sockets that carry weights (a decoding worker's inbox, the
+reports of a learner process), sized from the model. libzmq drops the sender's connection instead of the frame
+and does not say why, so such a frame is never decoded, never held in memory, and not in `dropped_frames`
+(it cannot be told from a peer that left).
+
 Frames from other hosts: a tcp socket binds where its address says; `pipeline.config` refuses a tcp bind
 address that is not loopback unless `transport.allow_remote` is set or CURVE keys are configured. With
 `open_context(curve_dir=...)` every tcp socket uses ZeroMQ CURVE (pipeline/curve.py): only peers whose public
@@ -27,8 +34,10 @@ key is listed get through, and each refused handshake is counted on the binding 
 (`unauthenticated`, `handshake_failed`). See docs/architecture.md, "Transport security".
 
 Frames from strangers: `open_context(secret=...)` (the run's per-run secret) seals every frame of its
-point-to-point sockets (pipeline/sealing.py); a receiving socket drops a message whose tag is missing or
-wrong as `bad_token` before decoding it.
+point-to-point sockets (pipeline/sealing.py), bound to its stream and its sender's counter; a receiving socket
+drops a message whose tag is missing or wrong as `bad_token`, and one whose sender's counter does not go up
+as `replayed`, before decoding it. `socket(secret=...)` seals one socket with another secret (a custom stage's
+reports: least privilege, pipeline/run/child_reports.py).
 """
 
 from __future__ import annotations
@@ -44,7 +53,7 @@ import trio
 import zmq
 
 from . import curve
-from .sealing import SEALED_KINDS, frame_tag, unseal
+from .sealing import SEALED_KINDS, Sealer, Unsealer, stream_of
 
 log = structlog.get_logger(__name__)
 
@@ -61,9 +70,18 @@ _KINDS = {
 }
 DEFAULT_LINGER_MS = 5_000
 """How long close() keeps unsent messages before ctx.term() may drop them."""
+MESSAGE_FRAME_BYTES = 64 << 20
+"""The largest frame a socket takes unless its role carries weights: a step, a cut, a group's trajectories with
+their token ids, log-probs and nuclei (a few MB for the largest groups), a request or a reply."""
 WARN_FIRST = 10
 """Dropped frames of one socket logged one by one; after that, one summary line every WARN_EVERY drops."""
 WARN_EVERY = 1_000
+
+
+def weights_frame_bytes(tensor_bytes: int, copies: int) -> int:
+    """The largest frame of a socket whose messages carry `copies` copies of a model of `tensor_bytes` bytes
+    (the packed form adds a few bytes per tensor), beside what any message may carry."""
+    return copies * tensor_bytes + MESSAGE_FRAME_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +146,8 @@ class Context:
         subscribe: bytes = b"",
         linger_ms: int = DEFAULT_LINGER_MS,
         name: str | None = None,
+        secret: bytes | None = None,
+        max_frame: int = MESSAGE_FRAME_BYTES,
     ) -> Socket[Any]:
         """Create and bind/connect a socket.
 
@@ -140,6 +160,8 @@ class Context:
             hwm: send and receive high-water marks (bounded queues).
             subscribe: SUB prefix filter (b"" = everything).
             name: what the socket is called in logs and `dropped_frames()` (default: its address).
+            secret: seal this socket with this secret instead of the context's (b"": not at all).
+            max_frame: the largest frame it takes, in bytes (see the module doc, "Frame sizes").
         """
         if kind not in _KINDS:
             raise ValueError(f"unknown socket kind {kind!r} (known: {', '.join(_KINDS)})")
@@ -147,6 +169,7 @@ class Context:
         raw.setsockopt(zmq.SNDHWM, hwm)
         raw.setsockopt(zmq.RCVHWM, hwm)
         raw.setsockopt(zmq.LINGER, linger_ms)
+        raw.setsockopt(zmq.MAXMSGSIZE, max_frame)
         if kind == "sub":
             raw.setsockopt(zmq.SUBSCRIBE, subscribe)
         monitor = None
@@ -167,7 +190,7 @@ class Context:
                 monitor.close(linger=0)
             raw.close(linger=0)
             raise OSError(f"cannot {'bind' if bind else 'connect'} {kind} socket to {address}: {exc}") from exc
-        secret = self._secret if kind in SEALED_KINDS else b""
+        secret = (self._secret if secret is None else secret) if kind in SEALED_KINDS else b""
         sock: Socket[Any] = Socket(raw, address, receives, name=name, secret=secret)
         self._sockets.append(sock)
         if monitor is not None:
@@ -218,6 +241,8 @@ class Socket(Generic[T]):
                  secret: bytes = b"") -> None:
         self._raw = raw
         self._secret = secret
+        self._sealer = Sealer(secret, stream_of(address)) if secret else None
+        self._unsealer = Unsealer(secret, stream_of(address)) if secret else None
         self.address = address
         self.name = name or address
         self.receives = receives
@@ -265,11 +290,12 @@ class Socket(Generic[T]):
         await self.send_bytes(self._encoder.encode(message))
 
     async def send_bytes(self, frame: bytes) -> None:
-        """Send one frame as it is (sealed with its tag when the context has a secret)."""
+        """Send one frame as it is (sealed, with its tag and header, when the socket has a secret)."""
+        sealed = self._sealer.seal(frame) if self._sealer is not None else None
         while True:
             try:
-                if self._secret:
-                    self._raw.send_multipart([frame_tag(self._secret, frame), frame], zmq.NOBLOCK, copy=False)
+                if sealed is not None:
+                    self._raw.send_multipart(sealed, zmq.NOBLOCK, copy=False)
                 else:
                     self._raw.send(frame, zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -307,13 +333,13 @@ class Socket(Generic[T]):
         return _DROPPED
 
     def _unseal(self, message: list[bytes]) -> bytes | None:
-        """The payload of a message; None (dropped as `bad_token`) when the socket is sealed and the message
-        is not two frames, the first the payload's tag under the secret."""
-        if not self._secret:
+        """The payload of a message; None (dropped) when the socket is sealed and the message is not sealed
+        for this stream under the secret (`bad_token`) or was seen before (`replayed`)."""
+        if self._unsealer is None:
             return message[0]
-        payload = unseal(self._secret, message)
+        payload, reason = self._unsealer.unseal(message)
         if payload is None:
-            self.drop("bad_token", f"{len(message)} frame(s), {sum(map(len, message))} bytes")
+            self.drop(reason, f"{len(message)} frame(s), {sum(map(len, message))} bytes")
         return payload
 
     def _recv_nowait(self) -> list[bytes] | None:

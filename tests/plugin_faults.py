@@ -150,6 +150,8 @@ dying_policy.Options = DyingOptions  # type: ignore[attr-defined]  # the backend
 
 CLOSED: list[str] = []
 """What `closing_policy` policies recorded when the job closed them, one entry per `close()`."""
+BUILT: list[str] = []
+"""The `closing_policy` policies built, by the same names."""
 
 
 def closing_policy(cfg: Any, pretrain: Any, suite: Any, *, seed: int) -> Any:
@@ -161,6 +163,7 @@ def closing_policy(cfg: Any, pretrain: Any, suite: Any, *, seed: int) -> Any:
 
     policy = dying_policy(msgspec.structs.replace(cfg, options=options), pretrain, suite, seed=seed)
     policy.close = lambda: CLOSED.append(f"policy {id(policy)}")
+    BUILT.append(f"policy {id(policy)}")
     return policy
 
 
@@ -178,3 +181,46 @@ def exploding_loss(*args: Any, **kwargs: Any) -> Any:
 
 
 EXPLODING = {"calls": 0, "after": 1}
+
+
+ENGINE_DIR = "ROLLCUT_TEST_ENGINE_DIR"
+"""Where `engine_policy` marks its progress (`building`, `closed`) and names its engine process (inherited env)."""
+ENGINE_MARK = "rollcut-test-engine"
+
+
+class _EngineOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    start_s: float = 4.0
+    """How long the engine takes to start (the window a test interrupts in)."""
+
+
+class _EnginePolicy:
+    """What a backend holding an engine leaves once built: a process of its own, ended by `close()`."""
+
+    def __init__(self, engine: Any, folder: str) -> None:
+        self.engine, self.folder = engine, folder
+
+    def close(self) -> None:
+        self.engine.kill()
+        self.engine.wait()
+        with open(os.path.join(self.folder, f"closed-{self.engine.pid}"), "w"):
+            pass
+
+
+def engine_policy(cfg: Any, pretrain: Any, suite: Any, *, seed: int) -> Any:
+    """A backend like vLLM's as the run sees it starting: it starts its engine process at once (a child whose
+    command line names `ENGINE_MARK` and the test's folder), then takes `start_s` to be ready (blocking, as
+    AsyncLLM.from_engine_args does). The test interrupts in that window and looks for the engine process after."""
+    import subprocess
+    import sys
+    import time
+
+    folder = os.environ[ENGINE_DIR]
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", ENGINE_MARK, folder])
+    with open(os.path.join(folder, f"building-{engine.pid}"), "w"):
+        pass
+    time.sleep(msgspec.convert(dict(cfg.options), _EngineOptions).start_s)
+    return _EnginePolicy(engine, folder)
+
+
+engine_policy.Options = _EngineOptions  # type: ignore[attr-defined]
+engine_policy.auto_workers = 1  # type: ignore[attr-defined]  # one engine, in this process

@@ -1,6 +1,7 @@
 """Fail before the expensive part: bad plugin options and a missing games folder are exit 2 from `check`
 and from `run.py` itself, with a clear message and no run folder; `profile` on a non-run folder too."""
 
+import os
 import subprocess
 import sys
 
@@ -115,3 +116,28 @@ def test_an_ab_study_on_the_tiny_budget_takes_a_gate_without_a_k_option(tmp_path
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "async-grpo-s0: to run" in proc.stdout
+
+
+def _ray_running_here() -> bool:
+    from ray._private import services
+
+    return bool(os.environ.get("RAY_ADDRESS") or services.find_gcs_addresses() or services.find_bootstrap_address(None))
+
+
+def test_ray_auto_without_a_cluster_is_one_line_and_exit_2(tmp_path):
+    """The README's `--ray auto` line tried with no `ray start` first: one line naming the two ways on, no run folder."""
+    pytest.importorskip("ray")
+    if _ray_running_here():
+        pytest.skip("a Ray instance runs on this machine: `--ray auto` would join it")
+    proc = subprocess.run([sys.executable, "run.py", "--ray", "auto", "--set", "policy.workers=8", "--set", f'run.out="{tmp_path}/runs"'],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "no Ray cluster" in lines[0] and "`ray start --head`" in lines[0] and '`--ray ""`' in lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_readme_ray_auto_line_names_both_ways_on():
+    line = next(line for line in (ROOT / "README.md").read_text().splitlines() if "run.py --ray auto --set policy.workers=8 " in line)
+    assert "ray start --head" in line and '--ray ""' in line

@@ -4,7 +4,9 @@ from a stranger (cuts with the run's gate name and shadow flag, in-order steps, 
 learner reports) about live groups: every one dropped as `bad_token`, none cuts, trains or reports."""
 
 import json
+import os
 import socket
+import struct
 
 import pytest
 import trio
@@ -84,3 +86,58 @@ async def test_forged_cuts_announcements_and_reports_never_reach_stages_in_other
     _assert_forgeries_dropped(fuzzer, summary)
     assert not touch.exists()
     assert summary["dropped_frames_total"] == sum(fuzzer.forged.values())  # nothing real was dropped
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _send_one_huge_frame(port: int, declared: int, sent: int) -> int:
+    """What a local stranger can do to a loopback tcp port: speak ZMTP 3.0 (NULL mechanism, as a PUSH) and send one
+    frame whose header declares `declared` bytes, then up to `sent` bytes of it. Returns how many went out before
+    the peer closed the connection."""
+    greeting = b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" + b"\x00" * 31
+    ready = b"\x05READY" + b"\x0bSocket-Type" + struct.pack(">I", 4) + b"PUSH"
+    chunk, out = b"\x00" * (1 << 20), 0
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(greeting)
+        s.recv(64)  # the peer's greeting (and READY): the handshake is NULL, nothing to check
+        s.sendall(b"\x04" + bytes([len(ready)]) + ready)
+        s.settimeout(30)
+        try:
+            s.sendall(b"\x02" + struct.pack(">Q", declared))  # a long message frame, the last of its message
+            while out < sent:
+                s.sendall(chunk)
+                out += len(chunk)
+        except OSError:  # reset by the peer: refused from its header
+            pass
+    return out
+
+
+async def test_a_frame_over_the_socket_limit_is_refused_from_its_header_with_memory_flat():
+    """Issue 60: any local user could send one multi-GB frame to a loopback tcp port and exhaust the run's memory
+    before the secret is even checked. Every socket takes frames up to its role's size (`ZMQ_MAXMSGSIZE`): libzmq
+    refuses a bigger one from its header, before allocating it, and drops that connection; the socket goes on."""
+    import msgspec
+
+    from pipeline import sealing
+    from pipeline.messages import StepEvent, StepStream
+    from pipeline.transport import MESSAGE_FRAME_BYTES, open_context
+
+    declared, sent = 4 * MESSAGE_FRAME_BYTES, 3 * MESSAGE_FRAME_BYTES  # a frame 4x the limit; 192 MiB of it sent
+    async with open_context(secret=sealing.new_secret()) as run:
+        pull = run.socket("pull", "tcp://127.0.0.1:0", bind=True, receives=StepStream, name="steps")
+        port = int(pull.address.rsplit(":", 1)[1])
+        before = _rss_bytes()
+        went_out = await trio.to_thread.run_sync(_send_one_huge_frame, port, declared, sent)
+        grown = _rss_bytes() - before
+        push = run.socket("push", pull.address, bind=False)
+        step = StepEvent(group_id=1, rollout_index=0, step_index=3, action="look", done=False, reward=0.0, policy_version=0)
+        await push.send(step)
+        with trio.fail_after(10):
+            assert await pull.receive() == step  # the socket goes on; the run's own frames get through
+    print(f"declared {declared >> 20} MiB, sent {went_out >> 20} MiB before the reset, RSS grew {grown >> 20} MiB")
+    assert went_out < sent  # the connection was dropped before the frame was all sent
+    assert grown < 32 << 20  # memory flat: the frame was never allocated nor held
+    assert msgspec.msgpack.encode(step)  # (what a real step weighs: a few dozen bytes, far under the limit)

@@ -137,3 +137,35 @@ def _threads_running_rollcut_code() -> list[str]:
         if any(name.startswith(packages) for name in files):
             busy.append(next((t.name for t in threading.enumerate() if t.ident == ident), str(ident)))
     return busy
+
+
+class _Planted:
+    """A pickle that runs code when loaded: it creates `marker`."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # noqa: ANN204
+        return (open, (str(self.marker), "w"))
+
+
+@pytest.mark.parametrize("planted", [True, False], ids=["a planted pickle", "one line of text"])
+def test_resume_refuses_a_checkpoint_it_cannot_load_safely_in_one_line(tmp_path, planted):
+    """Whoever can write a run folder cannot run code in the next `resume`; a damaged checkpoint is one line, exit 2."""
+    from pipeline.config import dump_toml
+
+    run_dir = tmp_path / "runs" / "shared"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.toml").write_text(dump_toml(load(None, [f'run.out="{tmp_path}/runs"', 'run.name="shared"'])))
+    state, marker = run_dir / "checkpoints" / "state.pt", tmp_path / "ran"
+    if planted:
+        import torch
+
+        torch.save({"format": 2, "version": 1, "job": _Planted(marker)}, state)
+    else:
+        state.write_text("a new user's line\n")
+    proc = subprocess.run([sys.executable, "run.py", "resume", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(state) in lines[0], proc.stderr
+    assert not marker.exists()

@@ -30,7 +30,7 @@ from pipeline.stage import Stage, build_stage
 from stages import envs
 from stages.envs import EnvSuite, Task
 from stages.gate_stage import GateStage
-from stages.policy import POLICIES, Policy, TrainableModel, backend_auto_workers
+from stages.policy import POLICIES, Policy, TrainableModel, backend_auto_workers, backend_top_p
 
 from .decoding_pool import WorkerPoolPolicy
 from .launch import Launcher, LocalLauncher
@@ -126,7 +126,7 @@ def build_trainer(cfg: RunConfig, model: Any, state: Mapping[str, Any] | None = 
     if state is not None:
         model.load_state_dict(state["model"])
     trainer = Trainer(model, cfg.learner, LOSSES.get(cfg.learner.loss), temperature=cfg.policy.temperature,
-                      top_p=cfg.policy.top_p, seed=cfg.run.seed, total_updates=cfg.run.updates)
+                      top_p=backend_top_p(cfg.policy), seed=cfg.run.seed, total_updates=cfg.run.updates)
     if state is not None:
         trainer.load_state_dict(dict(state))
     return trainer

@@ -2,7 +2,10 @@
 says (`StageReady`, `GateReport`, `FramesDropped`, `LearnerUpdated` / `LearnerDropped`), checked against what it
 can have sent, and the learner's turned into the phase's `LearnerReport` / `GroupsConsumed`. A frame a child
 cannot have sent (an unknown stage, a second `StageReady`, an update out of order, tensors that do not unpack) is
-counted and dropped. The report protocol's constants and tensor packing live here too: `stage_children.py`
+counted and dropped. Least privilege: a custom stage's child gets neither the run's secret nor this socket; it
+reports (`StageReady`, `FramesDropped`, nothing else) on a socket of its own, `custom_reports`, sealed with a
+secret only custom children get, so a plugin in its own process cannot forge cuts, training groups or learner
+reports. The report protocol's constants and tensor packing live here too: `stage_children.py`
 speaks the other side.
 """
 
@@ -16,6 +19,7 @@ import trio
 from pipeline import tensors
 from pipeline.counters import GroupsConsumed, LearnerReport
 from pipeline.messages import (
+    CustomReportStream,
     FramesDropped,
     GateReport,
     LearnerDropped,
@@ -24,7 +28,7 @@ from pipeline.messages import (
     StageReady,
 )
 from pipeline.stage import StageContext
-from pipeline.transport import Context
+from pipeline.transport import MESSAGE_FRAME_BYTES, Context, weights_frame_bytes
 
 if TYPE_CHECKING:
     from .launch import Child
@@ -39,6 +43,20 @@ BOUND_BY = {"gate": {"steps"}, "learner": {"results"}}
 stage's child binds none)."""
 
 
+def learner_frame_bytes(model: Any) -> int:
+    """The largest `LearnerUpdated` of a learner training `model`: its weights, and a trainer state of the model,
+    Adam's two moments, the moving average and the KL reference (with room to spare: 8 copies)."""
+    state = model.state_dict()
+    return weights_frame_bytes(sum(t.numel() * t.element_size() for t in state.values() if hasattr(t, "numel")), copies=8)
+
+
+def _beside(address: str, suffix: str) -> str:
+    """Another address of the same kind beside `address`: a sibling ipc file / inproc name, or a free tcp port."""
+    if address.startswith("tcp://"):
+        return f"{address.rsplit(':', 1)[0]}:0"
+    return f"{address}-{suffix}"
+
+
 def to_bytes(state: Mapping[str, Any] | None) -> bytes:
     return b"" if state is None else tensors.pack(dict(state))
 
@@ -51,8 +69,15 @@ def from_bytes(blob: bytes) -> Any:
 class ChildReports:
     """The reports PULL of a phase whose stages run in children: readiness, gate reports, learner reports."""
 
-    def __init__(self, reports: trio.MemorySendChannel[Any]) -> None:
+    def __init__(self, reports: trio.MemorySendChannel[Any], *, custom_secret: bytes = b"",
+                 max_frame: int = MESSAGE_FRAME_BYTES) -> None:
         self._reports = reports
+        self.max_frame = max_frame
+        """The largest report frame: a learner's weights and trainer state (`learner_frame_bytes`)."""
+        self.custom_secret = custom_secret
+        """Seals the custom stages' own reports socket (b"": they report on this one, as on Ray, keyed by CURVE)."""
+        self.custom_address: str | None = None
+        """Where the custom stages' children report, once `receive` bound it."""
         self.gate: GateChild | None = None
         self.learner: LearnerChild | None = None
         self.custom: list[CustomChild] = []
@@ -64,8 +89,14 @@ class ChildReports:
 
     async def receive(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         t = ctx.addresses
-        pull = ctx.zmq.socket("pull", t.reports, bind=True, receives=ReportStream, hwm=t.hwm, name="reports")
-        async with pull, self._reports:
+        pull = ctx.zmq.socket("pull", t.reports, bind=True, receives=ReportStream, hwm=t.hwm, name="reports",
+                              max_frame=self.max_frame)
+        async with pull, self._reports, trio.open_nursery() as nursery:
+            if self.custom and self.custom_secret:
+                custom = ctx.zmq.socket("pull", _beside(t.reports, "custom"), bind=True, receives=CustomReportStream,
+                                        hwm=t.hwm, name="custom_reports", secret=self.custom_secret)
+                self.custom_address = custom.address
+                nursery.start_soon(self._take_custom, custom, ctx.zmq)
             task_status.started(pull.address)
             try:
                 async for message in pull:
@@ -74,6 +105,20 @@ class ChildReports:
                 if self._final_gate_report_due():
                     with trio.move_on_after(FINAL_REPORT_WAIT_S, shield=True):
                         await self._read_final_gate_report(pull, ctx.zmq)
+
+    async def _take_custom(self, pull: Any, zmq: Context) -> None:
+        """The custom stages' reports: each one's `StageReady` (once, binding nothing) and `FramesDropped`."""
+        custom = {h.child.stage: h.child for h in self.custom}
+        async with pull:
+            async for message in pull:
+                match message:
+                    case StageReady(stage=stage, endpoints=endpoints) if stage in custom and not custom[stage].ready.is_set() \
+                            and not endpoints:
+                        custom[stage].ready.set()
+                    case FramesDropped(stage=stage, counts=counts) if stage in custom:
+                        zmq.record_remote_drops(stage, counts)
+                    case _:
+                        pull.drop("unexpected_report", f"{type(message).__name__} of {getattr(message, 'stage', '?')!r}")
 
     def _final_gate_report_due(self) -> bool:
         """A gate child that said ready and still runs answers its stop with a final report."""

@@ -52,7 +52,7 @@ from pipeline.messages import (
     WorkerOutbox,
 )
 from pipeline.profiling import Profiler
-from pipeline.transport import Context, open_context
+from pipeline.transport import Context, open_context, weights_frame_bytes
 from stages.policy.base import ActResult, AgentContext, PolicyHooks, PolicyStopped, TrainableModel
 
 from .launch import Child, Launcher, LocalLauncher, child_spec
@@ -202,7 +202,8 @@ class WorkerPoolPolicy(PolicyHooks):
                     self._inboxes.append(send)
                     inbox = await nursery.start(self._forward, zmq, placed.bind_address(f"in-{worker}"), receive)
                     spec = child_spec("decoder", self._cfg, self._cfg.transport, index=worker,
-                                      inbox=placed.reachable(inbox), outbox=placed.reachable(outbox.address))
+                                      inbox=placed.reachable(inbox), outbox=placed.reachable(outbox.address),
+                                      max_frame=weights_frame_bytes(len(self._weights), copies=2))
                     nursery.start_soon(partial(placed.launch, child, placed.sealed(spec)))
                 try:
                     nursery.start_soon(self._dispatch, outbox)

@@ -21,7 +21,7 @@ from pipeline.messages import (
     WorkerInbox,
     WorkerOutbox,
 )
-from pipeline.transport import open_context
+from pipeline.transport import MESSAGE_FRAME_BYTES, open_context
 from stages.policy.base import AgentContext, Policy
 
 from .build import build_backend, build_suite
@@ -69,7 +69,7 @@ async def _serve(policy: Policy, spec: ChildSpec, keys: CurveKeys | None) -> Non
     replies, outgoing = trio.open_memory_channel[WorkerOutbox](4096)
     scopes: dict[int, trio.CancelScope] = {}
     async with open_context(secret=spec.secret, keys=keys) as zmq, trio.open_nursery() as nursery:
-        inbox = zmq.socket("pull", spec.inbox, bind=False, receives=WorkerInbox)
+        inbox = zmq.socket("pull", spec.inbox, bind=False, receives=WorkerInbox, max_frame=spec.max_frame or MESSAGE_FRAME_BYTES)
         outbox = zmq.socket("push", spec.outbox, bind=False, linger_ms=0)  # a stopped pool reads no more replies
         await nursery.start(policy.serve)
 

@@ -9,11 +9,18 @@ from __future__ import annotations
 import errno
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.stage import StageFailed
 from stages.policy.base import PolicyStopped
 
-from . import resume
+if TYPE_CHECKING:
+    from . import resume
+
+
+class RunRefused(Exception):
+    """The run cannot start as asked, through no stage's fault: no Ray cluster at `placement.address`, a checkpoint
+    that cannot be read. The message is one line saying what to do; `run.py` exits 2 (bad configuration or usage)."""
 
 
 def save_on_failure(checkpointer: resume.Checkpointer) -> str:

@@ -55,6 +55,7 @@ from .summary import (
     reports_to_json,
     summary,
 )
+from .teardown import build_in_thread
 
 log = structlog.get_logger(__name__)
 
@@ -137,9 +138,16 @@ async def run_job(
     cfg: RunConfig, *, progress: Progress | None = None, resume_dir: Path | None = None, stop: trio.Event | None = None
 ) -> JobResult:
     """Run the whole job (or continue the stopped one in `resume_dir`); the run folder is created first so
-    even a failed run leaves its events. `stop` (Ctrl-C) ends it with a checkpoint: `RunInterrupted`."""
+    even a failed run leaves its events. `stop` (Ctrl-C) ends it with a checkpoint: `RunInterrupted`. On Ray the
+    process joins the cluster first, so a cluster that is not there is `RunRefused` before any run folder exists."""
     wall_started = time.perf_counter()
     tune_malloc(arenas=cfg.run.malloc_arenas, fixed_mmap=cfg.run.flat_memory)  # before the model exists (pipeline/memory.py)
+    async with cluster(cfg):  # on Ray: joined for the whole job (`placement.address`)
+        return await _run_job_joined(cfg, progress, resume_dir, stop, wall_started)
+
+
+async def _run_job_joined(cfg: RunConfig, progress: Progress | None, resume_dir: Path | None, stop: trio.Event | None,
+                          wall_started: float) -> JobResult:
     run_dir = resume_dir if resume_dir is not None else create_run_dir(cfg)
     checkpoint = resume.load_state(run_dir) if resume_dir is not None else None
     if resume_dir is not None:
@@ -157,9 +165,8 @@ async def run_job(
     trackers, started, finished = Trackers(), time.time(), False
     try:
         trackers = _open_trackers(cfg, run_dir, checkpoint if resume_dir is not None else None, resumed=resume_dir is not None)
-        async with cluster(cfg):  # on Ray: joined for the whole job (`placement.address`)
-            result = await _run_phases(cfg, run_dir, checkpoint, progress, stop if stop is not None else trio.Event(), wall_started,
-                                       built, trackers=trackers)
+        result = await _run_phases(cfg, run_dir, checkpoint, progress, stop if stop is not None else trio.Event(), wall_started,
+                                   built, trackers=trackers)
         finished = True
         return result
     finally:
@@ -196,8 +203,7 @@ async def _run_phases(
     job = dict(checkpoint["job"]) if checkpoint else {}
     suite = build_suite(cfg)
     splits = heldout_tasks(cfg, suite)
-    policy, warm_start_s = await _unless_stopped(stop, run_dir, _build_policy, cfg, suite, checkpoint)
-    built.append(policy)
+    policy, warm_start_s = await _unless_stopped(stop, run_dir, _build_policy, cfg, suite, checkpoint, built)
     if "heldout_before" in job and job.get("heldout_range", "dev") == cfg.eval.range:
         before = reports_from_json(job["heldout_before"])
     else:  # a new run, or a resume told to measure another range: the before measure of this one
@@ -308,17 +314,26 @@ async def _finish(
     return JobResult(run_dir, figures, outcome)
 
 
-async def _build_policy(cfg: RunConfig, suite: EnvSuite, checkpoint: dict[str, Any] | None) -> tuple[Policy, float]:
-    """The warm-started policy, or (resuming) the checkpoint's weights with no warm start at all."""
+async def _build_policy(cfg: RunConfig, suite: EnvSuite, checkpoint: dict[str, Any] | None,
+                        built: list[Policy]) -> tuple[Policy, float]:
+    """The warm-started policy, or (resuming) the checkpoint's weights with no warm start at all; added to `built`
+    (which the job closes) as soon as it exists, even if Ctrl-C comes right after."""
     t0 = time.perf_counter()
+    # Ctrl-C during the build (a vLLM engine's start) stops the wait at once; the policy is closed when it exists
     if checkpoint is None:
-        policy = await trio.to_thread.run_sync(build_policy, cfg, suite, abandon_on_cancel=True)
+        policy = await build_in_thread(lambda: build_policy(cfg, suite), _close)
+        built.append(policy)
         return policy, time.perf_counter() - t0
-    policy = await trio.to_thread.run_sync(lambda: build_policy(cfg, suite, warm_start=False), abandon_on_cancel=True)
+    policy = await build_in_thread(lambda: build_policy(cfg, suite, warm_start=False), _close)
+    built.append(policy)
     policy.load_weights(checkpoint["version"], published_weights(checkpoint["trainer"]))
     if checkpoint["policy"] is not None:
         policy.load_sampling_state(checkpoint["policy"])
     return policy, time.perf_counter() - t0
+
+
+def _close(policy: Policy) -> None:
+    policy.close()
 
 
 async def _measure_before(cfg: RunConfig, run_dir: Path, policy: Policy, suite: EnvSuite, splits: dict[str, list[Task]],

@@ -90,6 +90,8 @@ class ChildSpec(msgspec.Struct, frozen=True, kw_only=True):
     bind_host: str = ""
     """On Ray: the host a stage child binds its own socket on, at an ephemeral port (`tcp://<bind_host>:0`,
     the real address said in its `StageReady`); "" binds the address it was given."""
+    max_frame: int = 0
+    """A decoding worker's inbox: the largest frame it takes, sized from the weights (0: `MESSAGE_FRAME_BYTES`)."""
 
 
 def child_spec(role: str, cfg: RunConfig, addresses: TransportSection, secret: bytes = b"", **fields: Any) -> ChildSpec:

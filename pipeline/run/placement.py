@@ -41,11 +41,12 @@ import trio
 from learner.trainer import Trainer
 from pipeline.config import RunConfig, TransportSection
 from pipeline.messages import GateReport, GroupExpected, GroupResult, StageReady
+from pipeline.sealing import new_secret
 from pipeline.stage import StageContext
 from stages.rollout import GateIdentity
 
 from .build import build_gate_stage, build_launcher, build_learner_stage
-from .child_reports import ChildReports, to_bytes
+from .child_reports import ChildReports, learner_frame_bytes, to_bytes
 from .launch import Child, Launcher, Placed, child_spec, launch
 from .runtime import AnnouncedSender
 
@@ -159,10 +160,14 @@ def place_stages(cfg: RunConfig, trainer: Trainer, *, capture_state: bool, secre
         learner = _LocalLearner(build_learner_stage(cfg, trainer, reports_in, version=0, capture_state=capture_state,
                                                     announced_on_socket=False))
         return PhaseStages(gate, learner, reports, _nothing_to_read, here)
-    children = ChildReports(reports_in)
+    # least privilege: custom stages' children get a secret of their own, which seals only their reports socket
+    # (on Ray every actor has a CURVE key pair instead, and no secret is used)
+    custom_secret = new_secret() if secret and cfg.placement.launcher != "ray" and any(s.process for s in cfg.stages) else b""
+    children = ChildReports(reports_in, custom_secret=custom_secret,
+                            **({"max_frame": learner_frame_bytes(trainer.model)} if trainer is not None else {}))
     gate_child = GateChild(cfg, secret) if cfg.gate.enabled else None
     learner_child = LearnerChild(cfg, trainer, secret, children, capture_state=capture_state)
-    custom = [CustomChild(cfg, secret, i) for i, spec in enumerate(cfg.stages) if spec.process]
+    custom = [CustomChild(cfg, secret, i, children) for i, spec in enumerate(cfg.stages) if spec.process]
     children.gate, children.learner, children.custom = gate_child, learner_child, custom
     placed = here
     if cfg.placement.launcher == "ray":
@@ -287,14 +292,18 @@ class CustomChild:
     """A custom stage (`[[stages]]` entry `index`, `process = true`) in a child of its own: `run` returns when the
     child does, once its stage has read the events to `PhaseFinished` (`finished` is then set)."""
 
-    def __init__(self, cfg: RunConfig, secret: bytes, index: int) -> None:
-        self._cfg, self._secret, self.index = cfg, secret, index
+    def __init__(self, cfg: RunConfig, secret: bytes, index: int, children: ChildReports) -> None:
+        self._cfg, self._secret, self.index, self._children = cfg, secret, index, children
         self.child = Child(custom_stage_name(index), f"its process ({cfg.stages[index].target})", may_return=True)
         self.placed: Placed | None = None
         self.finished = trio.Event()
 
     async def run(self, ctx: StageContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        spec = child_spec("custom", self._cfg, ctx.addresses, self._secret, run_dir=str(ctx.run_dir), index=self.index)
+        addresses, secret = ctx.addresses, self._secret
+        if self._children.custom_address is not None:  # not the run's secret: its own, and its own reports socket
+            addresses = msgspec.structs.replace(addresses, reports=self._children.custom_address)
+            secret = self._children.custom_secret
+        spec = child_spec("custom", self._cfg, addresses, secret, run_dir=str(ctx.run_dir), index=self.index)
         await _run_child(self.child, spec, self.placed, ctx, None, task_status=task_status)
         self.finished.set()
 

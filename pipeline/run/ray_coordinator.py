@@ -11,9 +11,13 @@ and Ray ends them with it.
 The process you started (the driver) only waits: on the actor's `run()`, and on a health ping every
 `HEALTH_EVERY_S`. Ctrl-C / SIGTERM there reaches the job through `stop()` (the same graceful stop, with a
 checkpoint); the job's per-update lines reach your terminal through Ray's log forwarding. The driver gets
-back a typed, msgpack-encoded `JobEnded` (what ended the job, the run folder, the summary), never an
-exception or any other pickled object of rollcut's. A coordinator that dies (its process or its node) fails
-the run with one line naming it and its node, and where its run folder is.
+back a typed, msgpack-encoded `JobEnded` (what ended the job, the run folder, the summary). One path is
+Ray's, not rollcut's: an exception that escapes the actor's `run()` reaches the driver as a `RayTaskError`
+whose `cause` Ray has unpickled (as it unpickles everything on its control plane); the driver reads only its
+first line. That is acceptable under Ray's trusted-cluster model, which a run on Ray assumes anyway (only
+trusted machines can reach the cluster: docs/ray.md, "Security"); the run's own frames stay msgpack. A
+coordinator that dies (its process or its node) fails the run with one line naming it and its node, and where
+its run folder is.
 
 The run folder is written on the coordinator's node, at the path the driver would use: run the driver on
 that node (pin the coordinator to it with a custom resource) or put `run.out` on a filesystem both see, so
@@ -41,6 +45,7 @@ from pipeline.config import RunConfig
 from pipeline.progress import Progress
 from pipeline.stage import StageFailed
 
+from .failure import RunRefused
 from .job import RunFailed, RunInterrupted, run_job
 from .ray_launch import (
     GROUP_PREFIX_ENV,
@@ -62,12 +67,12 @@ log = structlog.get_logger(__name__)
 class JobEnded(msgspec.Struct, frozen=True):
     """What the coordinator actor returns to the driver (msgpack; nothing the driver decodes runs code)."""
 
-    ended: Literal["done", "interrupted", "failed"]
+    ended: Literal["done", "interrupted", "failed", "refused"]
     node: str
     """The node id the job ran on."""
     run_dir: str
     message: str = ""
-    """RunFailed's / RunInterrupted's one line."""
+    """RunFailed's / RunInterrupted's / RunRefused's one line."""
     version: int | None = None
     """The update the checkpoint holds (interrupted)."""
     summary: dict[str, Any] = {}
@@ -136,11 +141,13 @@ async def _job(actor: Coordinator, cfg: RunConfig, resume_dir: Path | None) -> J
         return JobEnded("interrupted", node, str(exc.run_dir), str(exc), version=exc.version)
     except RunFailed as exc:
         return JobEnded("failed", node, str(resume_dir or ""), str(exc))
+    except RunRefused as exc:  # e.g. a resume whose checkpoint cannot be read
+        return JobEnded("refused", node, str(resume_dir or ""), str(exc))
     return JobEnded("done", node, str(result.run_dir), summary=result.summary, summary_md=result.summary_md)
 
 
 async def run_job_on_ray(cfg: RunConfig, *, resume_dir: Path | None = None, stop: trio.Event | None = None) -> RemoteJob:
-    """`run_job` in a coordinator actor; raises what `run_job` raises (`RunInterrupted`, `RunFailed`)."""
+    """`run_job` in a coordinator actor; raises what `run_job` raises (`RunInterrupted`, `RunFailed`, `RunRefused`)."""
     p = cfg.placement
     assert p.coordinator is not None, "run_job_on_ray needs [placement.coordinator]"
     stop = stop if stop is not None else trio.Event()
@@ -174,6 +181,8 @@ async def run_job_on_ray(cfg: RunConfig, *, resume_dir: Path | None = None, stop
         raise RunInterrupted(Path(ended.run_dir), ended.version)
     if ended.ended == "failed":
         raise RunFailed(ended.message)
+    if ended.ended == "refused":
+        raise RunRefused(ended.message)
     return RemoteJob(Path(ended.run_dir), ended.summary, ended.summary_md, ended.node)
 
 

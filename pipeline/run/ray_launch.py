@@ -31,17 +31,20 @@ update; `python run.py resume RUN_DIR` continues from it). The placement group a
 when the pool's block ends, however it ends; Ray also ends actors whose owner (this process) is gone.
 
 Ray's own control plane deserialises its messages with pickle: run a Ray cluster on a trusted network
-(Ray's security guidance). What rollcut sends between processes is msgpack, typed on receipt.
+(Ray's security guidance). What rollcut sends between processes is msgpack, typed on receipt; the one
+pickled object rollcut reads is Ray's: a failed actor's exception (`RayTaskError.cause`, of which
+`_fail_on_exit` reads the first line), acceptable under that trusted-cluster model (docs/ray.md, "Security").
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import sys
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +59,7 @@ from pipeline.config import PlacementSection, RoleResources, RunConfig
 from pipeline.curve import new_key_pair, own_keys
 from pipeline.stage import StageFailed
 
+from .failure import RunRefused
 from .launch import ROOT, Child, ChildExited, ChildSpec, Placed, serve_role
 
 log = structlog.get_logger(__name__)
@@ -95,6 +99,8 @@ async def joined(placement: PlacementSection) -> AsyncIterator[None]:
     owner = _RayOwner(init_options(placement))
     owner.start()
     await trio.to_thread.run_sync(owner.ready.wait)
+    if isinstance(owner.error, ConnectionError) and placement.address:
+        raise RunRefused(no_cluster_message(placement.address, owner.error)) from owner.error
     if owner.error is not None:
         raise owner.error
     log.info("ray.joined", address=placement.address or "(started for this run)", nodes=len(ray.nodes()),
@@ -105,6 +111,27 @@ async def joined(placement: PlacementSection) -> AsyncIterator[None]:
         owner.release.set()
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(owner.join)
+
+
+@contextlib.contextmanager
+def _quiet_sigterm_warning() -> Iterator[None]:
+    """Leave out Ray's "SIGTERM handler is not set" warning, which `ray.init` off the main thread always logs."""
+    worker_log = logging.getLogger("ray._private.worker")
+
+    def keep(record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+    worker_log.addFilter(keep)
+    try:
+        yield
+    finally:
+        worker_log.removeFilter(keep)
+
+
+def no_cluster_message(address: str, error: BaseException) -> str:
+    """What a run that found no Ray cluster at `placement.address` says (one line: the two ways on)."""
+    return (f"no Ray cluster at placement.address = {address!r} ({first_line(error)}): start one first with "
+            "`ray start --head` (docs/ray.md), or use `--ray \"\"` to start Ray for this run on this machine")
 
 
 class _RayOwner(threading.Thread):
@@ -122,7 +149,8 @@ class _RayOwner(threading.Thread):
 
     def run(self) -> None:
         try:
-            ray.init(**self.options)
+            with _quiet_sigterm_warning():  # rollcut handles SIGTERM itself (run.py's signal watcher)
+                ray.init(**self.options)
         except BaseException as exc:  # handed to the coordinator, which raises it (a thread has no one to raise to)
             self.error = exc
             return

@@ -12,6 +12,12 @@ a learner-update boundary (the learner thread is idle then, so weights, optimize
     rng               Python's and torch's global generators
     job               what the job measured before GRPO (warm start time, held-out success before)
 
+Loading a checkpoint runs no code, whoever wrote the run folder (a shared runs directory, a copied folder): the
+file is the state packed by `pipeline.tensors` (msgpack; tensors as dtype, shape and raw bytes; tuples kept),
+the form in which trainer state crosses a socket, which rebuilds that tree and nothing else: no pickle, no
+class looked up by name. A file that is not such a checkpoint (a planted pickle, a truncated or damaged file)
+is `RunRefused`: one line naming the file (exit 2).
+
 Every file is written to a temporary name and renamed (`atomic_write`): a crash or a full disk mid-write
 leaves the previous checkpoint intact. Groups in flight at the checkpoint are not saved: a resumed run
 starts new groups (with new ids) in their place.
@@ -33,9 +39,13 @@ import torch
 import trio
 
 from learner.trainer import published_weights
+from pipeline import tensors
 from pipeline.config import RunConfig
 
-FORMAT = 1
+from .failure import RunRefused
+
+FORMAT = 2
+"""2: the state packed by `pipeline.tensors` (msgpack, no pickle); 1 (before): the whole state pickled."""
 STATE_FILE = "state.pt"
 
 
@@ -99,20 +109,33 @@ class Checkpointer:
         if state is None:
             return None
         if state["version"] != self.written_version:
-            atomic_write(self.path, lambda f: torch.save(state, f))
+            atomic_write(self.path, lambda f: f.write(tensors.pack(state)))
             self.written_version = state["version"]
         return state["version"]
 
 
 def load_state(run_dir: Path) -> dict[str, Any] | None:
-    """The run folder's checkpoint, or None when the run stopped before its first update."""
+    """The run folder's checkpoint, or None when the run stopped before its first update; `RunRefused` (one line
+    naming the file) when the file is not a checkpoint this rollcut wrote: nothing in it is run."""
     path = run_dir / "checkpoints" / STATE_FILE
     if not path.exists():
         return None
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    if state.get("format") != FORMAT:
-        raise ValueError(f"{path}: checkpoint format {state.get('format')!r}, this rollcut reads {FORMAT}")
+    try:
+        state = tensors.unpack(path.read_bytes())
+    except tensors.WireError as exc:
+        raise RunRefused(f"{path} cannot be read as a checkpoint ({_first_line(exc)}): it is damaged, or not one this "
+                         "rollcut wrote (nothing in it was run); start a new run, or restore the file") from exc
+    except OSError as exc:
+        raise RunRefused(f"{path} cannot be read: {exc.strerror or exc}") from exc
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise RunRefused(f"{path}: checkpoint format {found!r}, this rollcut reads {FORMAT} (start a new run)")
     return state
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0].rstrip(".") if text else ""
 
 
 def trim_metrics(run_dir: Path, version: int) -> int:

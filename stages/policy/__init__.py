@@ -51,6 +51,12 @@ def backend_auto_workers(section: PolicySection) -> int | None:
     return getattr(POLICIES.get(section.backend), "auto_workers", None)  # optional, as `check` is above
 
 
+def backend_top_p(section: PolicySection) -> float:
+    """The top-p the run samples and scores with: `policy.top_p`, or 1.0 (no nucleus) for a backend that records
+    none (`PolicyBackend.records_nucleus`)."""
+    return section.top_p if getattr(POLICIES.get(section.backend), "records_nucleus", True) else 1.0
+
+
 __all__ = [
     "POLICIES",
     "ActResult",
@@ -61,5 +67,6 @@ __all__ = [
     "PolicyStopped",
     "TrainableModel",
     "backend_auto_workers",
+    "backend_top_p",
     "check_backend",
 ]

@@ -171,6 +171,12 @@ class PolicyBackend(Protocol):
     or None, from the cores (`pipeline.devices.auto_workers`). vllm: 1, since its engine batches every
     request of the run itself and a second engine on the same device would claim the memory the first holds."""
 
+    records_nucleus: ClassVar[bool] = True
+    """Optional: whether each sampled token's nucleus is recorded (`Turn.nucleus`) for the learner to score under.
+    False (vllm: the engine reports none): the run samples and scores this backend without a nucleus
+    (`stages.policy.backend_top_p` is 1.0 whatever `policy.top_p` says), since a top-p boundary recomputed by
+    the learner would make a turn's log-prob depend on the batch it is scored in."""
+
     def __call__(self, section: PolicySection, pretrain: PretrainSection, suite: EnvSuite, *, seed: int) -> Policy:
         """The backend's policy for `suite`, warm-started from `pretrain` if the backend does that."""
         ...

@@ -188,14 +188,50 @@ async def test_a_sealed_socket_drops_what_strangers_send_as_bad_token(monkeypatc
         pull = run.socket("pull", "tcp://127.0.0.1:0", bind=True, receives=StepStream, name="steps")
         push = run.socket("push", pull.address, bind=False)
         raw = push._raw  # what other senders put on the wire, on one connection so that it arrives in order
+        stream, header = sealing.stream_of(pull.address), sealing.HEADER.pack(b"\x00" * 8, 1)
         raw.send(payload)  # a stranger's context sends bare frames
-        raw.send_multipart([sealing.frame_tag(other, payload), payload])  # another run's secret
-        raw.send(sealing.frame_tag(secret, payload))  # a tag without its payload
-        raw.send_multipart([sealing.frame_tag(secret, b"x"), payload])  # a tag of other bytes
-        raw.send_multipart([sealing.frame_tag(secret, payload), payload, b""])
+        raw.send_multipart([sealing.frame_tag(other, stream, header, payload), header, payload])  # another run's secret
+        raw.send(sealing.frame_tag(secret, stream, header, payload))  # a tag without its payload
+        raw.send_multipart([sealing.frame_tag(secret, stream, header, b"x"), header, payload])  # a tag of other bytes
+        raw.send_multipart([sealing.frame_tag(secret, stream, header, payload), header, payload, b""])
         await push.send(_step(2))  # sealed by this run's context
         with trio.fail_after(10):
             assert [m.step_index for m in await pull.receive_many()] == [2]
     assert run.dropped_frames()["steps"] == {"bad_token": 5}
     assert len(logged) == 5 and secret.hex() not in "".join(logged) and repr(secret) not in "".join(logged)
 
+
+
+async def test_a_sealed_frame_recorded_on_the_path_is_dropped_when_replayed():
+    """Issue 60: an observer on the path (`transport.allow_remote` without CURVE) records sealed frames, e.g. a
+    learner's `GroupExpected` + `GroupResult`, and sends them again: each is dropped as `replayed`, counted. Sent
+    to another stream of the run, they are `bad_token`: a seal holds for its stream only."""
+    import msgspec
+    import zmq
+
+    from pipeline import sealing
+
+    secret = sealing.new_secret()
+    async with open_context(secret=secret) as run:
+        tap = run._ctx.socket(zmq.PULL)  # the observer: it sees what the sender puts on the wire
+        port = tap.bind_to_random_port("tcp://127.0.0.1")
+        push = run.socket("push", f"tcp://127.0.0.1:{port}", bind=False)
+        await push.send(_step(1))
+        await push.send(_step(2))
+        recorded = [tap.recv_multipart(), tap.recv_multipart()]
+        tap.close(linger=0)
+        pull = run.socket("pull", f"tcp://127.0.0.1:{port}", bind=True, receives=StepStream, name="steps")
+        other = run.socket("pull", "tcp://127.0.0.1:0", bind=True, receives=StepStream, name="results")
+        last = msgspec.msgpack.encode(_step(9))
+        for sock in (pull, other):  # one connection each, so that the last (a fresh sender's) arrives after the rest
+            forger = run._ctx.socket(zmq.PUSH)
+            forger.connect(sock.address)
+            for message in [*recorded, *recorded] if sock is pull else recorded:  # to pull: first delivery, then replays
+                forger.send_multipart(message)
+            forger.send_multipart(sealing.Sealer(secret, sealing.stream_of(sock.address)).seal(last))
+            forger.close(linger=5_000)
+        with trio.fail_after(10):
+            assert [(await pull.receive()).step_index for _ in range(3)] == [1, 2, 9]
+            assert (await other.receive()).step_index == 9
+        push.close()
+    assert run.dropped_frames()["steps"] == {"replayed": 2} and run.dropped_frames()["results"] == {"bad_token": 2}

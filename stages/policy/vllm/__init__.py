@@ -150,7 +150,9 @@ def trainable(cfg: PolicySection, pretrain: PretrainSection, suite: EnvSuite, *,
     from ._learner import CausalLMTrainable
 
     opts = _checked_options(cfg)
-    return CausalLMTrainable.load(cfg.model, temperature=cfg.temperature, top_p=cfg.top_p, lora=opts.lora)
+    from ._vllm_api import TOP_P
+
+    return CausalLMTrainable.load(cfg.model, temperature=cfg.temperature, top_p=TOP_P, lora=opts.lora)
 
 
 def _checked_options(cfg: PolicySection) -> VllmOptions:
@@ -165,6 +167,7 @@ vllm_backend.Options = VllmOptions  # type: ignore[attr-defined]  # `PolicyBacke
 vllm_backend.check = check  # type: ignore[attr-defined]  # `PolicyBackend.check`
 vllm_backend.trainable = trainable  # type: ignore[attr-defined]  # `PolicyBackend.trainable`
 vllm_backend.auto_workers = 1  # type: ignore[attr-defined]  # `PolicyBackend.auto_workers`: one engine batches all
+vllm_backend.records_nucleus = False  # type: ignore[attr-defined]  # `PolicyBackend.records_nucleus`: sampled at top_p 1
 
 
 def _make_model_parser() -> Any:

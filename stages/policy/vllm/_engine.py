@@ -13,7 +13,7 @@ import structlog
 from ._loop import LoopThread
 from ._prompt import ChatPrompt
 from ._server import VllmPolicy
-from ._vllm_api import Sampling
+from ._vllm_api import TOP_P, Sampling
 
 if TYPE_CHECKING:
     from pipeline.config import PolicySection
@@ -74,6 +74,16 @@ def engine_args(cfg: PolicySection, opts: VllmOptions, *, seed: int) -> Any:
     return AsyncEngineArgs(**fields)
 
 
+def sampling_of(cfg: PolicySection, opts: VllmOptions) -> Sampling:
+    """How the engine samples: the section's temperature and token budget, and no nucleus (`TOP_P`): a
+    `policy.top_p` below 1 is not applied on this backend (said once, in the log)."""
+    if cfg.top_p < TOP_P:
+        log.warning("policy.vllm.top_p_not_applied", top_p=cfg.top_p,
+                    note="the vllm backend samples without a nucleus (the engine records none): docs/vllm.md, Log-probs")
+    return Sampling(temperature=cfg.temperature, top_p=TOP_P, max_new_tokens=cfg.max_new_tokens,
+                    fuzzy_cutoff=opts.fuzzy_cutoff, seeded=opts.seeded)
+
+
 def start_engine(cfg: PolicySection, opts: VllmOptions, *, seed: int) -> VllmPolicy:
     """Build the prompt format, start the engine (tens of seconds on CPU) and wrap it in a `VllmPolicy`."""
     from transformers import AutoTokenizer
@@ -89,13 +99,7 @@ def start_engine(cfg: PolicySection, opts: VllmOptions, *, seed: int) -> VllmPol
         max_prompt_tokens=opts.max_prompt_tokens,
         instruction=opts.instruction,
     )
-    sampling = Sampling(
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        max_new_tokens=cfg.max_new_tokens,
-        fuzzy_cutoff=opts.fuzzy_cutoff,
-        seeded=opts.seeded,
-    )
+    sampling = sampling_of(cfg, opts)
     shapes = checkpoint_shapes(cfg.model)
     args = engine_args(cfg, opts, seed=seed)
     loop = LoopThread("rollcut-vllm")

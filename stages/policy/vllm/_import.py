@@ -42,8 +42,11 @@ import structlog
 
 log = structlog.get_logger(__name__)
 
+NEEDS = ("transformers", "gguf", "safetensors", "accelerate", "torch")
+"""What import-model imports: the `import-model` extra carries all but torch (installed first, CPU build);
+accelerate because transformers loads a GGUF file only with it (tests/stages/policy/vllm/test_import.py)."""
 EXTRA_HINT = (
-    "import-model needs transformers, gguf and safetensors: install the `import-model` extra "
+    "import-model needs transformers, gguf, safetensors and accelerate: install the `import-model` extra "
     "(e.g. .venv-vllm/bin/uv pip install --python .venv-vllm/bin/python -e '.[import-model]')"
 )
 ROUNDTRIP_MESSAGES = (
@@ -65,7 +68,7 @@ class RoundTripFailed(RuntimeError):
 
 def missing_extras() -> list[str]:
     """The packages import-model needs that this environment lacks."""
-    return [name for name in ("transformers", "gguf", "safetensors", "torch") if importlib.util.find_spec(name) is None]
+    return [name for name in NEEDS if importlib.util.find_spec(name) is None]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -7,6 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+TOP_P = 1.0
+"""What the backend samples and scores with, whatever `policy.top_p` says: no nucleus. The engine reports no
+token's nucleus, so a learner recomputing a top-p boundary (in another batch, with other padding) could move a
+token in or out of it and make a turn's log-prob depend on its batch (`PolicyBackend.records_nucleus`)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Sampling:

@@ -56,3 +56,21 @@ def test_an_unknown_lr_schedule_is_listed_with_the_other_bad_names():
     problems = "\n".join(info.value.problems)
     assert "learner.lr_schedule" in problems and "stepwise" in problems
     assert "learner.aggregation" in problems
+
+
+async def test_a_policy_built_as_ctrl_c_comes_is_still_closed_by_the_job(monkeypatch, tmp_path):
+    """Issue 60: the build finishes just as Ctrl-C comes (the stop is set before the phase reads the result): the
+    policy is in `built`, which the job closes, not dropped with the interrupted wait."""
+    stop = trio.Event()
+
+    async def build_in_thread(build, close):
+        policy = build()
+        stop.set()  # Ctrl-C, as the engine's start completes
+        return policy
+
+    monkeypatch.setattr(job, "build_in_thread", build_in_thread)
+    monkeypatch.setattr(job, "build_policy", lambda cfg, suite, **options: _Policy())
+    built: list = []
+    with pytest.raises(job.RunInterrupted):
+        await job._unless_stopped(stop, tmp_path, job._build_policy, RunConfig(), None, None, built)
+    assert len(built) == 1 and isinstance(built[0], _Policy)

@@ -149,3 +149,51 @@ async def test_a_learner_drop_and_the_groups_an_update_trained_keep_their_ids_ac
 
     report = child_reports.ChildReports(trio.open_memory_channel(1)[0])._learner_report(update, None)
     assert report is not None and report.group_ids == (3, 5)
+
+
+async def test_a_custom_stage_child_gets_no_run_secret_and_cannot_forge_on_the_run_sockets(tmp_path, monkeypatch):
+    """Issue 60 (least privilege): a custom stage's child (`process = true`) reads only the unsealed events, so it
+    is not given the run's secret: it reports on a socket of its own, sealed with a secret of its own, which takes
+    `StageReady` / `FramesDropped` only. What it sends to the run's reports socket (a forged learner report) is
+    dropped as `bad_token`; a learner report on its own socket is dropped too; its StageReady gets through."""
+    import trio
+
+    from pipeline.messages import FramesDropped, LearnerDropped, StageReady
+    from pipeline.profiling import Profiler
+    from pipeline.sealing import new_secret
+    from pipeline.stage import StageContext
+    from pipeline.transport import open_context
+
+    cfg = load_config(None, ["transport.mode=processes", 'stages=[{target = "tests.plugin_stages:SeenToFile", process = true}]'])
+    run_secret, specs = new_secret(), []
+    stages = placement.place_stages(cfg, None, capture_state=False, secret=run_secret)
+    (custom,) = stages.custom
+
+    async def child(child, spec, *, task_status=trio.TASK_STATUS_IGNORED):  # what the custom stage's process can do
+        specs.append(spec)
+        async with open_context(secret=spec.secret) as own:
+            forged = own.socket("push", t.reports, bind=False)  # the run's reports socket, with what it was given
+            await forged.send(LearnerDropped(zero_variance=1, cut=0))
+            reports = own.socket("push", spec.addresses.reports, bind=False)
+            await reports.send(LearnerDropped(zero_variance=2, cut=0))
+            await reports.send(FramesDropped(stage=custom.child.stage, counts={"events": {"undecodable": 1}}))
+            await reports.send(StageReady(stage=custom.child.stage))
+            await child.ready.wait()
+            task_status.started()
+
+    monkeypatch.setattr(placement, "launch", child)
+    async with placement.addresses(cfg) as t, open_context(secret=run_secret) as zmq, trio.open_nursery() as nursery:
+        ctx = StageContext(zmq=zmq, addresses=t, run_dir=tmp_path, profiler=Profiler(enabled=False))
+        await nursery.start(stages.receive_reports, ctx)
+        with trio.fail_after(20):
+            await nursery.start(custom.run, ctx)
+            await custom.finished.wait()
+            while zmq.dropped_frames().get("reports", {}).get("bad_token", 0) < 1:  # noqa: ASYNC110 - zmq: no event to wait on
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    (spec,) = specs
+    assert spec.secret and spec.secret != run_secret and spec.addresses.reports != t.reports
+    dropped = zmq.dropped_frames()
+    assert dropped["reports"] == {"bad_token": 1}
+    assert dropped["custom_reports"] == {"wrong_shape": 1} and dropped["events"] == {"undecodable": 1}
+    assert stages.reports.statistics().current_buffer_used == 0  # no GroupsConsumed reached the phase

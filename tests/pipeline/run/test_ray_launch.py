@@ -84,3 +84,27 @@ async def test_a_ray_started_for_the_run_outlives_the_thread_that_started_it(mon
                 await trio.sleep(0.05)
         assert all(_alive(pid) for pid in head)
     assert not ray.is_initialized()
+
+
+def test_no_cluster_at_the_address_is_refused_in_one_line(monkeypatch):
+    """`ray.init` finding no cluster (what it raises for `--ray auto` with no `ray start`) is `RunRefused`: one line
+    naming `ray start --head` and `--ray ""`, not Ray's ConnectionError inside an exception group."""
+    from pipeline.config import PlacementSection
+    from pipeline.run.failure import RunRefused
+
+    def no_cluster(**_: object) -> None:
+        raise ConnectionError("Could not find any running Ray instance. Please specify the one to connect to by setting "
+                              "`--address` flag or `RAY_ADDRESS` environment variable.")
+
+    monkeypatch.setattr(ray_launch.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_launch.ray, "init", no_cluster)
+
+    async def join() -> None:
+        async with ray_launch.joined(PlacementSection(launcher="ray", address="auto")):
+            raise AssertionError("joined without a cluster")
+
+    with pytest.raises(RunRefused) as refused:
+        trio.run(join)
+    message = str(refused.value)
+    assert "\n" not in message and "'auto'" in message
+    assert "`ray start --head`" in message and '`--ray ""`' in message and "Could not find any running Ray instance" in message

@@ -37,7 +37,7 @@ def test_checkpointer_writes_every_n_updates_and_only_new_versions(tmp_path):
     assert ckpt.write() is None and load_state(tmp_path) is None
     ckpt.capture({"version": 1})
     assert ckpt.write() == 1
-    assert load_state(tmp_path) == {"version": 1, "format": 1, "job": {"warm_start_s": 1.0}}
+    assert load_state(tmp_path) == {"version": 1, "format": 2, "job": {"warm_start_s": 1.0}}
     mtime = ckpt.path.stat().st_mtime_ns
     assert ckpt.write() == 1 and ckpt.path.stat().st_mtime_ns == mtime  # same version: not rewritten
 
@@ -70,3 +70,83 @@ def test_config_changes_are_sorted_by_what_they_break():
     assert blocking == ["policy.options: {} -> {'layers': 2}"]
     assert training == ["learner.lr: 0.0005 -> 0.001"]
     assert harmless == ["run.updates: 10 -> 20"]
+
+
+def _trained_state() -> dict:
+    """What a checkpoint holds, with the awkward parts: an Adam state keyed by int, betas tuples, tensors and the
+    Python / torch global RNG states."""
+    import random
+
+    from pipeline.run.resume import rng_state
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    return {"version": 3, "trainer": {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                      "rng": random.Random(7).getstate(), "average": None},
+            "rng": rng_state(), "grpo": {"tally": {"groups_received": 5, "wall": 1.5}, "kinds_by_family": {"a": {"cut": 2}}},
+            "policy": None, "allocator": {"order": [3, 1, 2], "epoch": 1}}
+
+
+def test_a_checkpoint_round_trips_and_holds_no_pickle(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    state = _trained_state()
+    ckpt = Checkpointer(tmp_path, every=1)
+    ckpt.capture(state)
+    ckpt.write()
+    assert b"\x80\x02" not in ckpt.path.read_bytes()[:2] and not ckpt.path.read_bytes().startswith(b"PK")  # no pickle, no zip
+    loaded = load_state(tmp_path)
+    assert loaded["trainer"]["rng"] == state["trainer"]["rng"] and isinstance(loaded["trainer"]["rng"], tuple)
+    assert loaded["rng"]["python"] == state["rng"]["python"] and torch.equal(loaded["rng"]["torch"], state["rng"]["torch"])
+    assert loaded["grpo"] == state["grpo"] and loaded["allocator"] == state["allocator"]
+    opt = loaded["trainer"]["optimizer"]
+    assert opt["param_groups"] == state["trainer"]["optimizer"]["param_groups"]  # int parameter ids, betas tuple
+    for key, value in state["trainer"]["optimizer"]["state"][0].items():
+        assert torch.equal(opt["state"][0][key], value)
+    fresh = torch.nn.Linear(3, 2)
+    torch.optim.Adam(fresh.parameters(), lr=1e-3).load_state_dict(opt)
+    fresh.load_state_dict(loaded["trainer"]["model"])
+    import random
+
+    random.Random().setstate(loaded["trainer"]["rng"])  # a tuple again, as Random needs
+
+
+class _Planted:
+    """A pickle that runs code when loaded: it creates `marker`."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_planted_pickle_is_refused_and_runs_nothing(tmp_path):
+    from pipeline.run.failure import RunRefused
+
+    (tmp_path / "checkpoints").mkdir()
+    marker = tmp_path / "ran"
+    torch.save({"format": 2, "state": _Planted(marker)}, tmp_path / "checkpoints" / "state.pt")
+    with pytest.raises(RunRefused) as refused:
+        load_state(tmp_path)
+    assert not marker.exists()
+    message = str(refused.value)
+    assert "\n" not in message and str(tmp_path / "checkpoints" / "state.pt") in message and "nothing in it was run" in message
+
+
+@pytest.mark.parametrize("content", [b"this is not a checkpoint\n", b"", None])
+def test_a_damaged_checkpoint_is_one_line_naming_the_file(tmp_path, content):
+    from pipeline.run.failure import RunRefused
+
+    (tmp_path / "checkpoints").mkdir()
+    path = tmp_path / "checkpoints" / "state.pt"
+    if content is None:  # a real checkpoint cut short
+        ckpt = Checkpointer(tmp_path, every=1)
+        ckpt.capture(_trained_state())
+        ckpt.write()
+        content = path.read_bytes()[: path.stat().st_size // 2]
+    path.write_bytes(content)
+    with pytest.raises(RunRefused) as refused:
+        load_state(tmp_path)
+    assert "\n" not in str(refused.value) and str(path) in str(refused.value)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -227,6 +228,27 @@ def test_usage_errors_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ca
     with pytest.raises(SystemExit) as exc:
         import_model_main([str(tmp_path / "missing.gguf"), str(tmp_path / "out")])
     assert exc.value.code == 2 and "no such file" in capsys.readouterr().err
+
+
+def test_the_extra_carries_what_the_command_imports() -> None:
+    """pyproject's `import-model` extra lists every package import-model needs but torch (installed first): in
+    an environment with the extra and nothing more (.ci/import-model) the command runs."""
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[4] / "pyproject.toml").read_text())
+    extra = {re.split(r"[<>=!~\[ ]", req, maxsplit=1)[0].lower() for req in pyproject["project"]["optional-dependencies"]["import-model"]}
+    assert set(_import.NEEDS) - {"torch"} <= extra, f"the import-model extra lacks {set(_import.NEEDS) - {'torch'} - extra}"
+    assert "accelerate" in _import.NEEDS  # transformers loads a GGUF file only with it
+
+
+def test_a_missing_accelerate_is_named_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    real = _import.importlib.util.find_spec
+    monkeypatch.setattr(_import.importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a))
+    with pytest.raises(SystemExit) as exc:
+        import_model_main([str(tmp_path / "missing.gguf"), str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "missing accelerate" in err and "import-model" in err
 
 
 def test_a_file_that_is_not_gguf_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

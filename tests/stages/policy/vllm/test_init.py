@@ -37,3 +37,27 @@ def test_every_problem_is_listed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_torch_tiny_configs_are_untouched_by_the_backend_check() -> None:
     assert load(None, []).policy.backend == "torch_tiny"
+
+
+def test_vllm_samples_and_the_learner_scores_without_a_nucleus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 60: the engine records no token's nucleus, so a top-p boundary the learner recomputed (in another
+    batch) could move a token in or out of it and make a turn's log-prob depend on its batch. On vllm the run
+    samples and scores at top-p 1 whatever `policy.top_p` says (and says so in the log); torch_tiny, which records
+    each token's nucleus, keeps its top-p."""
+    import torch
+    from msgspec import structs
+
+    from pipeline.config import RunConfig
+    from pipeline.run.build import build_trainer
+    from stages.policy import backend_top_p
+    from stages.policy.vllm._engine import sampling_of
+
+    section = PolicySection(backend="vllm", model="/models/x", top_p=0.5)
+    assert backend_top_p(section) == 1.0 and backend_top_p(PolicySection(top_p=0.5)) == 0.5
+    warned = []
+    monkeypatch.setattr("stages.policy.vllm._engine.log.warning", lambda event, **kw: warned.append(event))
+    assert sampling_of(section, backend.VllmOptions()).top_p == 1.0 and warned == ["policy.vllm.top_p_not_applied"]
+    cfg = RunConfig()
+    trainer = build_trainer(structs.replace(cfg, policy=section), torch.nn.Linear(2, 2))
+    assert trainer.top_p == 1.0  # the learner scores what the engine sampled: the full softmax at the temperature
+    assert build_trainer(structs.replace(cfg, policy=PolicySection(top_p=0.5)), torch.nn.Linear(2, 2)).top_p == 0.5

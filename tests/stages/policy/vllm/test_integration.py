@@ -56,6 +56,25 @@ async def test_generate_returns_ids_and_the_learners_logprobs(policy: VllmPolicy
         assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-3), ratio  # same weights -> ratio 1
 
 
+async def test_a_turns_logprob_does_not_depend_on_its_batch(policy: VllmPolicy) -> None:
+    """Issue 60: the fixture's config says top_p = 0.95, but the engine records no nucleus, so the backend samples
+    without one (top-p 1): each turn's log-prob is the same scored alone or in a batch, and the ratio to what the
+    engine recorded is 1 at unchanged weights (no token can fall on the other side of a recomputed boundary)."""
+    assert policy.sampling.top_p == 1.0
+    async with trio.open_nursery() as nursery:
+        await nursery.start(policy.serve)
+        results = [await policy.act(CTX) for _ in range(4)]
+        nursery.cancel_scope.cancel()
+    learner = policy.trainable()
+    batched, _, _ = learner.completion_logprobs([r.prompt_ids for r in results], [r.token_ids for r in results])
+    for i, r in enumerate(results):
+        alone, _, _ = learner.completion_logprobs([r.prompt_ids], [r.token_ids])
+        n = len(r.token_ids)
+        assert torch.allclose(alone[0, :n], batched[i, :n], atol=1e-5), (alone[0, :n], batched[i, :n])
+        ratio = torch.exp(alone[0, :n] - torch.tensor(r.logprobs))
+        assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-3), ratio
+
+
 async def test_abort_mid_generation_frees_the_request(policy: VllmPolicy, monkeypatch: pytest.MonkeyPatch) -> None:
     def long_params(s, **kwargs):  # noqa: ANN001, ANN003, ANN202
         params = sampling_params(s, **kwargs)
@@ -169,3 +188,68 @@ async def _engine_has_work(policy: VllmPolicy) -> bool:
     """EngineCore.has_work() (waiting or running requests), asked over vLLM's utility channel."""
     future = policy._loop.submit(policy.engine.engine_core.call_utility_async("has_work"))
     return bool(await trio.to_thread.run_sync(future.result))
+
+
+def _engine_descendants(pid: int) -> list[int]:
+    """vLLM engine processes (setproctitle `VLLM::...`) below `pid`."""
+    from pipeline.run.teardown import descendants
+
+    found = []
+    for child in descendants(pid):
+        try:
+            if Path(f"/proc/{child}/cmdline").read_bytes().startswith(b"VLLM::"):
+                found.append(child)
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize(("command", "interrupts"), [([], 1), ([], 2), (["pretrain"], 1)],
+                         ids=["run.py", "run.py, Ctrl-C twice", "run.py pretrain"])
+def test_ctrl_c_while_the_engine_starts_leaves_no_vllm_process(model_dir: Path, tmp_path: Path, command, interrupts) -> None:
+    """Issue 60: Ctrl-C as soon as the engine's processes exist (the engine still starting), once or twice, in
+    `run.py` and `run.py pretrain`: no `VLLM::` process is left (closed once started, or killed)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[4]
+    sets = ["policy.backend=vllm", f"policy.model={json.dumps(str(model_dir))}", f"run.out={json.dumps(str(tmp_path))}",
+            "run.updates=1", "run.progress=false", "eval.tasks=0"]
+    proc = subprocess.Popen([sys.executable, "run.py", *command, *[a for s in sets for a in ("--set", s)]], cwd=root,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=os.environ | {"PYTHONPATH": str(root)})
+    engines: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        while not engines and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # another process: no event to wait on
+            engines = _engine_descendants(proc.pid)
+        assert engines, "no engine process appeared"
+        for _ in range(interrupts):
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.5)
+        _, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    deadline = time.monotonic() + 30
+    while _alive(engines) and time.monotonic() < deadline:
+        time.sleep(0.2)  # other processes: no event to wait on
+    assert _alive(engines) == [], err
+
+
+def _alive(pids: list[int]) -> list[int]:
+    """Those of `pids` still running (not gone, not zombies)."""
+    out = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            out.append(pid)
+    return out
