@@ -220,7 +220,13 @@ async def test_a_sealed_frame_recorded_on_the_path_is_dropped_when_replayed():
         await push.send(_step(2))
         recorded = [tap.recv_multipart(), tap.recv_multipart()]
         tap.close(linger=0)
-        pull = run.socket("pull", f"tcp://127.0.0.1:{port}", bind=True, receives=StepStream, name="steps")
+        with trio.fail_after(10):  # zmq frees the tap's port in its own thread: no event says when
+            while True:
+                try:
+                    pull = run.socket("pull", f"tcp://127.0.0.1:{port}", bind=True, receives=StepStream, name="steps")
+                    break
+                except OSError:
+                    await trio.sleep(0.01)
         other = run.socket("pull", "tcp://127.0.0.1:0", bind=True, receives=StepStream, name="results")
         last = msgspec.msgpack.encode(_step(9))
         for sock in (pull, other):  # one connection each, so that the last (a fresh sender's) arrives after the rest
