@@ -226,8 +226,9 @@ class GateChoice(_Section):
 class GateSection(GateChoice):
     enabled: bool = True
     name: str = "stall"
-    """The stall gate by default: in the A/B table (docs/gate.md; dev, 3 seeds, at 414ca0f) it saved 22 % of env
-    steps at no held-out loss where the prefix gate saved none; `prefix_edit_distance` is the Selective Rollout gate."""
+    """The stall gate by default: 0.87x the env steps of no gate at no held-out loss in its declared verdict
+    (docs/gate.md, configs/verdicts/stall-gate.result.md) where the prefix gate saved none; `prefix_edit_distance`
+    is the Selective Rollout gate."""
 
 
 def gate_options(
