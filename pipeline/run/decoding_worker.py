@@ -55,7 +55,7 @@ async def serve_decoder(spec: ChildSpec, keys: CurveKeys | None) -> None:
     connected) as concurrent `act()` calls that the backend batches, and pushes `ActReply`s to the pool's
     outbox. An `AbandonRequest` cancels the waiting call. Its sockets are sealed with the pool's secret, or
     (on Ray) use CURVE with its own `keys`, expecting the pool's `spec.server_key`. However it stops, it
-    closes the backend (`PolicyHooks.close`: vllm shuts its engine down) before it returns."""
+    closes the backend (`Policy.close`: vllm shuts its engine down) before it returns."""
     cfg = spec.config
     policy = build_backend(cfg, build_suite(cfg), warm_start=False)
     try:

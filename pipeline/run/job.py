@@ -210,7 +210,7 @@ async def _run_phases(
         f"allocator {cfg.allocator.name}"
     )
     parts.checkpointer.job["job_wall_s"] = job["job_wall_s"] + (time.perf_counter() - wall_started)  # wall outside GRPO
-    tokens_before = _generated_tokens(policy)
+    tokens_before = policy.statistics().generated_tokens
     metrics = MetricsWriter(run_dir, sinks=[trackers])
     try:
         async with parts.profiler.sampling(), watching() as load:  # the machine's load while GRPO runs
@@ -224,8 +224,7 @@ async def _run_phases(
         raise RunFailed(failure_message(exc, run_dir, save_on_failure(parts.checkpointer))) from exc
     finally:
         metrics.close()
-    tokens_after = _generated_tokens(policy)
-    generated = tokens_after - tokens_before if tokens_before is not None and tokens_after is not None else None
+    generated = policy.statistics().generated_tokens - tokens_before
     parts.machine_load = load.figures()
     return await _finish(cfg, run_dir, stop, progress, parts, outcome, policy, suite, splits, before, job["warm_start_s"], generated)
 
@@ -348,11 +347,6 @@ async def _unless_stopped(stop: trio.Event, run_dir: Path, fn: Any, *args: Any, 
     if stop.is_set():
         raise RunInterrupted(run_dir, version)
     return result
-
-
-def _generated_tokens(policy: Policy) -> int | None:
-    """Tokens the policy generated so far, if the backend counts them (`statistics().generated_tokens`)."""
-    return getattr(policy.statistics(), "generated_tokens", None)
 
 
 def _save_checkpoints(run_dir: Path, trainer: Trainer, allocator: Any) -> None:
