@@ -39,7 +39,7 @@ FORMAT = 1
 STATE_FILE = "state.pt"
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
     """Write `path` through a temporary sibling and rename it into place (never half a file)."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
