@@ -58,6 +58,13 @@ class RunSection(_Section):
     """Also fix glibc's mmap threshold, so freed tensors go straight back to the OS: flat RSS (bench_memory
     rss_growth -0.04 to -0.02 from 1,000 to 10,000 env steps) ~40 % lower, but up to ~20 % slower (0.80-0.98x
     env-steps/s side by side: a page-faulting mmap per large tensor). Turn it on for runs of hours."""
+    gc_freeze: bool = True
+    """Move every object alive when the GRPO phase starts (modules, torch, the environment's tables, the
+    built parts: ~200 k objects) out of Python's cyclic garbage collector for the phase (`gc.freeze`,
+    `pipeline/memory.py:frozen_heap`), so a full collection traverses only what the phase allocates. A full
+    collection holds the GIL: whichever thread triggers it, the learner's included, stalls the event loop
+    for as long as it runs (issue 60: loop lag p99 while the learner trains). false = Python's default, for
+    `bench/bench_loop.py`'s side-by-side comparison."""
     trackers: list[str] = []
     """Experiment trackers fed with the run's figures (`pipeline.trackers`): tensorboard, wandb, mlflow; each
     one's options in `[trackers.<name>]` (docs/trackers.md)."""

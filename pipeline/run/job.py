@@ -21,7 +21,7 @@ import trio
 from learner.trainer import Trainer, published_weights
 from pipeline.config import RunConfig, dump_toml
 from pipeline.machine_load import watching
-from pipeline.memory import tune_malloc
+from pipeline.memory import frozen_heap, tune_malloc
 from pipeline.profiling import Profiler
 from pipeline.progress import Progress
 from pipeline.rundir import MetricsWriter, configure_logging, create_run_dir, write_summary
@@ -214,12 +214,15 @@ async def _run_phases(
     metrics = MetricsWriter(run_dir, sinks=[trackers])
     try:
         async with parts.profiler.sampling(), watching() as load:  # the machine's load while GRPO runs
-            outcome = await run_grpo(
-                cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in parts.train}, allocator=parts.allocator,
-                trainer=parts.trainer, run_dir=run_dir, profiler=parts.profiler, metrics=metrics, observers=parts.observers,
-                progress=progress, checkpointer=parts.checkpointer, restore=checkpoint["grpo"] if checkpoint else None, stop=stop,
-                evaluate=_periodic_evaluator(cfg, suite, curve, built) if curve else None,
-            )
+            with frozen_heap(cfg.run.gc_freeze) as frozen:  # the long-lived heap out of the collector's way (memory.py)
+                log.info("grpo.gc_frozen", objects=frozen)
+                outcome = await run_grpo(
+                    cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in parts.train}, allocator=parts.allocator,
+                    trainer=parts.trainer, run_dir=run_dir, profiler=parts.profiler, metrics=metrics,
+                    observers=parts.observers, progress=progress, checkpointer=parts.checkpointer,
+                    restore=checkpoint["grpo"] if checkpoint else None, stop=stop,
+                    evaluate=_periodic_evaluator(cfg, suite, curve, built) if curve else None,
+                )
     except Exception as exc:
         raise RunFailed(failure_message(exc, run_dir, save_on_failure(parts.checkpointer))) from exc
     finally:
