@@ -22,6 +22,17 @@ not stop the creep and `run.malloc_arenas` stays off by default; the fixed thres
 do the same, since setting either turns glibc's *dynamic* threshold off) is what keeps RSS flat: every large
 tensor gets its own mmap, returned to the OS on free, ~40 % less RSS, up to ~20 % slower (a page-faulting
 mmap per tensor). malloc_trim gives back only whole free pages, and the holes are not.
+
+Peak RSS (issue 60, item 13: 2.7-3.6 GB in default runs of a 265 k-parameter policy). One learner micro-batch
+of the default run (64 turns scored by whole commands, `_commands.every_row_scores`, prompts of 120-200 tokens
+and 10-40 commands) takes ~300-400 MB of activations. Eight of them, each on a new thread as Trio's worker
+threads take the updates, left RSS at 1,139 MB (from 236; peak 1,202): every thread's arena keeps its
+high-water mark. On one thread: 699 MB. With `malloc_trim(0)` after each: 262 MB (peak 707, from any thread:
+it walks every arena). A fixed 4 MiB mmap threshold did as well (278 MB) at 3x the page faults and ~1.25x the
+CPU time. So every learner update ends with `trim()` (`learner.trim_memory`, on by default): its pages fault
+in again once per update, not per micro-batch. And the GRPO phase runs inside `frozen_heap` (`run.gc_freeze`):
+the ~200 k objects alive when it starts stay out of every full collection, which holds the GIL whichever thread
+triggers it. `bench/bench_loop.py` measures both against the defaults before them, side by side.
 """
 
 from __future__ import annotations
