@@ -13,11 +13,13 @@ summary.json and their ratio to the first arm's:
 * `env_steps_per_s` over the GRPO phase: "at unchanged speed" is a ratio near 1.
 
 The arms by default: `before` (`run.gc_freeze=false`: Python's collector traverses the whole heap in every
-full collection, holding the GIL; `learner.trim_memory=false`: each thread an update ran on keeps its malloc
-arena at the update's high-water mark) and `after` (the defaults: the heap alive when GRPO starts is frozen,
-`pipeline/memory.py:frozen_heap`, and every update ends with `malloc_trim`). Add arms to compare other
-settings side by side, e.g. `--arm freeze-only=learner.trim_memory=false`, `--arm micro16=learner.micro_batch=16`
-or `--arm flat=run.flat_memory=true`.
+full collection, holding the GIL; `run.gil_switch_ms=0`: Python's 5 ms GIL switch interval, which the loop may
+wait at every socket wait while the learner's thread runs Python code; `learner.trim_memory=false`: each
+thread an update ran on keeps its malloc arena at the update's high-water mark) and `after` (the defaults:
+the heap alive when GRPO starts frozen, `pipeline/memory.py:frozen_heap`; a 0.5 ms switch interval,
+`pipeline/run/runtime.py:gil_switch_interval`; every update ending with `malloc_trim`). Add arms to tell the
+three apart or to compare other settings, e.g. `--arm no-switch=run.gil_switch_ms=0`,
+`--arm no-trim=learner.trim_memory=false`, `--arm micro16=learner.micro_batch=16`, `--arm flat=run.flat_memory=true`.
 
 The warm start is trained (or read from its cache) once, by `run.py pretrain`, before the arms start, so that
 no arm trains it. Run it on a quiet machine: with every arm a job of its own, N arms need about N x 2 cores to
@@ -35,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ("loop_lag_p99_ms", "peak_rss_mb", "env_steps_per_s")
-DEFAULT_ARMS = {"before": ["run.gc_freeze=false", "learner.trim_memory=false"], "after": []}
+DEFAULT_ARMS = {"before": ["run.gc_freeze=false", "run.gil_switch_ms=0", "learner.trim_memory=false"], "after": []}
 
 
 def parse_arm(text: str) -> tuple[str, list[str]]:

@@ -65,6 +65,10 @@ class RunSection(_Section):
     collection holds the GIL: whichever thread triggers it, the learner's included, stalls the event loop
     for as long as it runs (issue 60: loop lag p99 while the learner trains). false = Python's default, for
     `bench/bench_loop.py`'s side-by-side comparison."""
+    gil_switch_ms: float = 0.5
+    """During the GRPO phase, how long a thread holding the GIL keeps it while another waits
+    (`sys.setswitchinterval`; `pipeline/run/runtime.py:gil_switch_interval`); 0 = Python's 5 ms. The event
+    loop waits up to this at every socket wait and zmq call while the learner's thread runs Python code."""
     trackers: list[str] = []
     """Experiment trackers fed with the run's figures (`pipeline.trackers`): tensorboard, wandb, mlflow; each
     one's options in `[trackers.<name>]` (docs/trackers.md)."""
@@ -78,6 +82,7 @@ class RunSection(_Section):
             (self.keep_weights_every >= 0, "run.keep_weights_every must be >= 0"),
             (0 <= self.target_heldout <= 1, "run.target_heldout must be in [0, 1]"),
             (self.malloc_arenas >= 0, "run.malloc_arenas must be >= 0 (0 = glibc's default)"),
+            (self.gil_switch_ms >= 0, "run.gil_switch_ms must be >= 0 (0 = Python's 5 ms)"),
         )
 
 

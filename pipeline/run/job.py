@@ -44,6 +44,7 @@ from .build import (
 from .failure import failure_message, save_on_failure
 from .grpo import GrpoOutcome, run_grpo
 from .learning_curve import curve_points, write_learning_curve
+from .runtime import gil_switch_interval
 from .summary import (
     family_table,
     fmt_eval,
@@ -214,7 +215,7 @@ async def _run_phases(
     metrics = MetricsWriter(run_dir, sinks=[trackers])
     try:
         async with parts.profiler.sampling(), watching() as load:  # the machine's load while GRPO runs
-            with frozen_heap(cfg.run.gc_freeze) as frozen:  # the long-lived heap out of the collector's way (memory.py)
+            with frozen_heap(cfg.run.gc_freeze) as frozen, gil_switch_interval(cfg.run.gil_switch_ms):  # issue 60, item 13
                 log.info("grpo.gc_frozen", objects=frozen)
                 outcome = await run_grpo(
                     cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in parts.train}, allocator=parts.allocator,

@@ -20,7 +20,7 @@ def test_an_arm_is_a_name_and_its_settings() -> None:
     assert bench.parse_arm("plain=") == ("plain", [])
     with pytest.raises(argparse.ArgumentTypeError):
         bench.parse_arm("=run.gc_freeze=false")
-    assert bench.DEFAULT_ARMS == {"before": ["run.gc_freeze=false", "learner.trim_memory=false"], "after": []}
+    assert bench.DEFAULT_ARMS == {"before": ["run.gc_freeze=false", "run.gil_switch_ms=0", "learner.trim_memory=false"], "after": []}
 
 
 def test_the_table_gives_each_figure_and_its_ratio_to_the_first_arm() -> None:
