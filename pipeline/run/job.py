@@ -284,7 +284,7 @@ async def _finish(
     wall_s = parts.checkpointer.job["job_wall_s"] + outcome.wall_s + (time.perf_counter() - grpo_ended)
     figures = summary(cfg, outcome, before, after, warm_start_s, wall_s,
                       profiler_overhead_pct=overhead["overhead_pct"] if overhead else None, generated_tokens=generated,
-                      machine_load=parts.machine_load) | {"decoding_workers": getattr(policy, "workers", 1),
+                      machine_load=parts.machine_load) | {"decoding_workers": policy.statistics().workers or 1,
                                                           "heldout_before_reused": parts.checkpointer.job.get("heldout_before_reused", False)}
     if outcome.counters.evaluations:
         write_learning_curve(
