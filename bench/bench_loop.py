@@ -83,10 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     run_py = [sys.executable, str(ROOT / "run.py"), "--config", args.config]
     with tempfile.TemporaryDirectory(prefix="bench-loop-") as out:
         sets = [x for s in common for x in ("--set", s)]
-        subprocess.run([*run_py, "pretrain", *sets], check=True, stdout=subprocess.DEVNULL)  # the warm start, once
+        subprocess.run([*run_py, "pretrain", *sets, "--out", out], check=True, stdout=subprocess.DEVNULL, cwd=ROOT)  # once
         children = {name: subprocess.Popen([*run_py, *sets, *(x for s in extra for x in ("--set", s)),
                                             "--set", f"run.name={name!r}".replace("'", '"'), "--out", out],
-                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
                     for name, extra in arms.items()}
         results = {}
         for name, child in children.items():
