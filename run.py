@@ -1,8 +1,9 @@
 """rollcut command line.
 
     python run.py                                  # the default run (configs/default.toml): household env + small torch policy, CPU
-    python run.py --config configs/ab_gate_off.toml
-    python run.py --set gate.enabled=false --set run.name=ungated
+    python run.py --config configs/learn.toml      # the learn preset: a bigger policy, ~30 min a job (docs/learning.md)
+    python run.py --set gate.enabled=true --set gate.k=10 --set 'gate.checkpoints=[15, 20, 25]' --set gate.tau=0.5
+                                                   # the stall gate at its learn-regime point (configs/arms/gate-stall-learn.toml)
     python run.py --budget tiny --set 'gate.name="mygates:MyGate"'   # try a plugin: a run of about a minute (docs/plugins.md)
     python run.py pretrain                         # behaviour-clone (or load the cached) warm start, report held-out success
     python run.py profile runs/default             # print the per-stage table of an existing run

@@ -38,7 +38,7 @@ from stages.evaluate import evaluate, evaluate_splits  # noqa: E402
 
 def _batches(policy) -> int | None:  # noqa: ANN001
     """Batches decoded so far; None behind decoding workers (`policy.workers` > 1: each worker batches)."""
-    return getattr(policy.statistics(), "batches", None)
+    return policy.statistics().batches
 
 
 async def _timed(policy, run) -> tuple[dict, float, float, int | None]:  # noqa: ANN001

@@ -43,6 +43,10 @@ from stages.policy.vllm._server import VllmPolicy  # noqa: E402
 from stages.policy.vllm._vllm_api import sampling_params  # noqa: E402
 
 
+def _ms(seconds: float | None) -> float:
+    """Seconds as milliseconds (NaN for a figure not measured: no abort, no sync)."""
+    return float("nan") if seconds is None else seconds * 1000
+
 def contexts(cfg: Any, n: int) -> list[AgentContext]:
     suite = build_suite(cfg)
     env, out = suite.make(), []
@@ -134,10 +138,10 @@ async def run(policy: VllmPolicy, ctxs: list[AgentContext], args: argparse.Names
     print(f"{'bare AsyncLLM':<40}{b:>10.0f} tok/s   rounds {[round(x) for x in rates['bare']]}")
     print(f"{'rollcut VllmPolicy, ' + str(len(ctxs)) + ' Trio clients':<40}{s:>10.0f} tok/s   rounds {[round(x) for x in rates['rollcut']]}")
     print(f"{'rollcut / bare':<40}{s / b:>10.2f}   (goal >= 0.90)")
-    print(f"abort latency (Trio cancel -> AsyncLLM.abort done), {stats['aborted']} requests: "
-          f"p50 {stats['abort_ms_p50']:.2f} ms, p99 {stats['abort_ms_p99']:.2f} ms")
-    print(f"weight sync ({stats['weight_syncs']} syncs, full state): p50 {stats['weight_sync_ms_p50']:.1f} ms, "
-          f"max {stats['weight_sync_ms_max']:.1f} ms")
+    print(f"abort latency (Trio cancel -> AsyncLLM.abort done), {stats.abandoned} requests: "
+          f"p50 {_ms(stats.abort_p50_s):.2f} ms, p99 {_ms(stats.abort_p99_s):.2f} ms")
+    print(f"weight sync ({stats.weight_syncs} syncs, full state): p50 {_ms(stats.weight_sync_p50_s):.1f} ms, "
+          f"max {_ms(stats.weight_sync_max_s):.1f} ms")
     print(f"vllm_ratio={s / b:.3f}")
 
 

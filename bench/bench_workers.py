@@ -66,7 +66,7 @@ def main() -> None:
                 run_dir = Path(tmp) / f"w{workers}-{r}"
                 run_dir.mkdir()
                 outcome = trio.run(lambda: pipeline_run(cfg, policy, suite, tasks, run_dir, profile=args.out is not None))  # noqa: B023
-                policy.close()  # the pool's worker processes (`PolicyHooks.close`)
+                policy.close()  # the pool's worker processes (`Policy.close`)
                 rates[workers].append(outcome.env_steps / outcome.rollout_wall_s)  # after the decoders started
                 updates[workers].append(outcome.updates)
                 occupancy[workers].append(outcome.trajectory_slot_occupancy)

@@ -145,7 +145,7 @@ def collect(overrides: Sequence[str], seed: int, n_groups: int, fresh: bool, con
     try:
         groups = trio.run(_collect_async, cfg, suite, policy, tasks, seed)
     finally:
-        policy.close()  # a served model's engine (vLLM) shuts down here (`PolicyHooks.close`)
+        policy.close()  # a served model's engine (vLLM) shuts down here (`Policy.close`)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(msgspec.msgpack.encode(groups))
     print(f"  seed {seed}: wrote {path}", file=sys.stderr)

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import structlog
 import trio
 
+from pipeline import memory
 from pipeline.config import LearnerSection
 from pipeline.counters import ZERO_VARIANCE_TRAINED, GroupsConsumed, LearnerReport
 from pipeline.devices import new_stream, side_stream
@@ -144,4 +145,7 @@ class LearnerStage:
         with profiler.bind_thread("learner"), self._on_device(profiler):
             weights, stats = self.trainer.update(batch, version=version)
             stats = {**stats, ZERO_VARIANCE_TRAINED: float(sum(is_zero_variance(label_rewards(g)) for g in batch))}
-            return weights, stats, self.trainer.state_dict() if self.capture_state else None
+            state = self.trainer.state_dict() if self.capture_state else None
+            if self.cfg.trim_memory:
+                memory.trim()  # the update's freed activations back to the OS, from every thread's arena
+        return weights, stats, state

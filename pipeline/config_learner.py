@@ -76,6 +76,13 @@ class LearnerSection(_Section):
     gradient scales with 1 - p: skipping them keeps every mini-batch and its aggregation weights as they
     were and saves their compute. Loss terms of the KL penalty (`kl_coef`) on those turns go too."""
     torch_threads: int = 1
+    trim_memory: bool = True
+    """After each update, give the free pages of every glibc malloc arena back to the OS (`malloc_trim`,
+    `pipeline/memory.py:trim`, in the learner's thread). An update's activations are hundreds of MB; each of
+    the worker threads an update may land on keeps its own arena at its high-water mark, so without it the
+    run's RSS climbs by about that much per thread (issue 60, item 13: peak RSS 2.7-3.6 GB for a tiny
+    policy). The cost: the next update faults its pages in again, once per update. false = glibc's default
+    (`bench/bench_loop.py` compares them side by side)."""
     device: str = "auto"
     """Where the learner trains (`pipeline/devices.py`): auto (CUDA when torch sees it, else the CPU), cpu,
     cuda or cuda:N. The weights it publishes and checkpoints are CPU tensors whatever it is."""

@@ -27,7 +27,7 @@ class RoleResources(_Section):
     resources: dict[str, float] = {}
     """Custom node resources, e.g. `{decoder_node = 1}` to keep decoders on the nodes started with it."""
 
-    def problems(self, where: str) -> list[str]:
+    def problems(self, where: str = "placement") -> list[str]:
         return _failed(
             (self.num_cpus >= 0, f"{where}.num_cpus must be >= 0"),
             (self.num_gpus >= 0, f"{where}.num_gpus must be >= 0"),

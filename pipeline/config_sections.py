@@ -58,6 +58,17 @@ class RunSection(_Section):
     """Also fix glibc's mmap threshold, so freed tensors go straight back to the OS: flat RSS (bench_memory
     rss_growth -0.04 to -0.02 from 1,000 to 10,000 env steps) ~40 % lower, but up to ~20 % slower (0.80-0.98x
     env-steps/s side by side: a page-faulting mmap per large tensor). Turn it on for runs of hours."""
+    gc_freeze: bool = True
+    """Move every object alive when the GRPO phase starts (modules, torch, the environment's tables, the
+    built parts: ~200 k objects) out of Python's cyclic garbage collector for the phase (`gc.freeze`,
+    `pipeline/memory.py:frozen_heap`), so a full collection traverses only what the phase allocates. A full
+    collection holds the GIL: whichever thread triggers it, the learner's included, stalls the event loop
+    for as long as it runs (issue 60: loop lag p99 while the learner trains). false = Python's default, for
+    `bench/bench_loop.py`'s side-by-side comparison."""
+    gil_switch_ms: float = 0.5
+    """During the GRPO phase, how long a thread holding the GIL keeps it while another waits
+    (`sys.setswitchinterval`; `pipeline/run/runtime.py:gil_switch_interval`); 0 = Python's 5 ms. The event
+    loop waits up to this at every socket wait and zmq call while the learner's thread runs Python code."""
     trackers: list[str] = []
     """Experiment trackers fed with the run's figures (`pipeline.trackers`): tensorboard, wandb, mlflow; each
     one's options in `[trackers.<name>]` (docs/trackers.md)."""
@@ -71,6 +82,7 @@ class RunSection(_Section):
             (self.keep_weights_every >= 0, "run.keep_weights_every must be >= 0"),
             (0 <= self.target_heldout <= 1, "run.target_heldout must be in [0, 1]"),
             (self.malloc_arenas >= 0, "run.malloc_arenas must be >= 0 (0 = glibc's default)"),
+            (self.gil_switch_ms >= 0, "run.gil_switch_ms must be >= 0 (0 = Python's 5 ms)"),
         )
 
 
@@ -226,8 +238,9 @@ class GateChoice(_Section):
 class GateSection(GateChoice):
     enabled: bool = True
     name: str = "stall"
-    """The stall gate by default: in the A/B table (docs/gate.md; dev, 3 seeds, at 414ca0f) it saved 22 % of env
-    steps at no held-out loss where the prefix gate saved none; `prefix_edit_distance` is the Selective Rollout gate."""
+    """The stall gate by default: 0.87x the env steps of no gate at no held-out loss in its declared verdict
+    (docs/gate.md, configs/verdicts/stall-gate.result.md) where the prefix gate saved none; `prefix_edit_distance`
+    is the Selective Rollout gate."""
 
 
 def gate_options(

@@ -79,6 +79,10 @@ class TrainableModel(Protocol):
 
     def train(self, mode: bool = True) -> Any: ...
 
+    def requires_grad_(self, requires_grad: bool = True) -> Any:
+        """For the learner's frozen reference copy (`learner.kl_coef` > 0)."""
+        ...
+
     def completion_logprobs(
         self,
         prompts: Sequence[Sequence[int]],

@@ -22,14 +22,28 @@ not stop the creep and `run.malloc_arenas` stays off by default; the fixed thres
 do the same, since setting either turns glibc's *dynamic* threshold off) is what keeps RSS flat: every large
 tensor gets its own mmap, returned to the OS on free, ~40 % less RSS, up to ~20 % slower (a page-faulting
 mmap per tensor). malloc_trim gives back only whole free pages, and the holes are not.
+
+Peak RSS (issue 60, item 13: 2.7-3.6 GB in default runs of a 265 k-parameter policy). One learner micro-batch
+of the default run (64 turns scored by whole commands, `_commands.every_row_scores`, prompts of 120-200 tokens
+and 10-40 commands) takes ~300-400 MB of activations. Eight of them, each on a new thread as Trio's worker
+threads take the updates, left RSS at 1,139 MB (from 236; peak 1,202): every thread's arena keeps its
+high-water mark. On one thread: 699 MB. With `malloc_trim(0)` after each: 262 MB (peak 707, from any thread:
+it walks every arena). A fixed 4 MiB mmap threshold did as well (278 MB) at 3x the page faults and ~1.25x the
+CPU time. So every learner update ends with `trim()` (`learner.trim_memory`, on by default): its pages fault
+in again once per update, not per micro-batch. And the GRPO phase runs inside `frozen_heap` (`run.gc_freeze`):
+the ~200 k objects alive when it starts stay out of every full collection, which holds the GIL whichever thread
+triggers it. `bench/bench_loop.py` measures both against the defaults before them, side by side.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import gc
 import resource
 import sys
+from collections.abc import Iterator
 from functools import cache
 
 M_MMAP_THRESHOLD = -3
@@ -74,3 +88,22 @@ def trim() -> bool:
 def peak_rss_mb() -> float:
     """The process's peak resident set size so far (ru_maxrss, KiB on Linux), in MiB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@contextlib.contextmanager
+def frozen_heap(enabled: bool = True) -> Iterator[int]:
+    """Within the block, the objects alive at its start are left out of the cyclic garbage collector
+    (`gc.freeze`, after one full collection so that no garbage is frozen); yields how many were frozen (0 when
+    not `enabled`). A full collection then traverses only what was allocated inside the block: the
+    long-lived heap of a run (imported modules, torch, an environment's tables) is ~200 k objects, a pause
+    of that length whichever thread triggers it, with the GIL held. On exit they are handed back
+    (`gc.unfreeze`); an object that became cyclic garbage inside the block is collected then."""
+    if not enabled:
+        yield 0
+        return
+    gc.collect()
+    gc.freeze()
+    try:
+        yield gc.get_freeze_count()
+    finally:
+        gc.unfreeze()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import numpy as np
 
@@ -64,7 +65,7 @@ def _interval(estimate: float, per_seed: np.ndarray, draws: np.ndarray, seeds: t
     return PairedInterval(estimate, low, high, seeds, "bootstrap", level)
 
 
-def _finite(value: float | None) -> bool:
+def _finite(value: float | None) -> TypeGuard[float]:
     return value is not None and math.isfinite(value)
 
 

@@ -53,7 +53,14 @@ from pipeline.messages import (
 )
 from pipeline.profiling import Profiler
 from pipeline.transport import Context, open_context, weights_frame_bytes
-from stages.policy.base import ActResult, AgentContext, PolicyHooks, PolicyStopped, TrainableModel
+from stages.policy.base import (
+    ActResult,
+    AgentContext,
+    Policy,
+    PolicyStatistics,
+    PolicyStopped,
+    TrainableModel,
+)
 
 from .launch import Child, Launcher, LocalLauncher, child_spec
 
@@ -71,19 +78,6 @@ class _Pending:
     reply: ActReply | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class PoolStatistics:
-    requests: int
-    answered: int
-    abandoned: int
-    generated_tokens: int
-    version: int
-    workers: int
-    round_trip_p50_s: float | None
-    round_trip_p99_s: float | None
-    """An answered `act()` from request to reply (None before the first)."""
-
-
 def serialise_weights(state: Mapping[str, Any]) -> bytes:
     """A state dict as `LoadWeights` carries it (`pipeline.tensors`: no pickle crosses the socket)."""
     return tensors.pack(dict(state))
@@ -94,7 +88,7 @@ def deserialise_weights(blob: bytes) -> dict[str, torch.Tensor]:
     return tensors.unpack_weights(blob)
 
 
-class WorkerPoolPolicy(PolicyHooks):
+class WorkerPoolPolicy(Policy):
     """Implements `stages.policy.base.Policy` over `workers` decoding processes."""
 
     def __init__(self, trainable: Callable[[], TrainableModel], cfg: RunConfig, *, workers: int,
@@ -184,9 +178,9 @@ class WorkerPoolPolicy(PolicyHooks):
             if child.pid is not None and not child.ended.is_set():
                 profiler.bind_process("policy", child.pid)
 
-    def statistics(self) -> PoolStatistics:
+    def statistics(self) -> PolicyStatistics:
         answered = self._stats["answered"] > 0
-        return PoolStatistics(requests=self._requests, **self._stats, version=self.version, workers=self.workers,
+        return PolicyStatistics(requests=self._requests, **self._stats, version=self.version, workers=self.workers,
                               round_trip_p50_s=self._round_trips.quantile(0.5) if answered else None,
                               round_trip_p99_s=self._round_trips.quantile(0.99) if answered else None)
 

@@ -35,7 +35,7 @@ CLOSE_S = 4.0
 
 async def _answer(policy: Policy, request: ActRequest, index: int, scope: trio.CancelScope,
                   replies: trio.MemorySendChannel[WorkerOutbox]) -> None:
-    context = AgentContext(request.task, request.observation, tuple(request.admissible), tuple(map(tuple, request.history)))
+    context = AgentContext(request.task, request.observation, tuple(request.admissible), tuple((seen, did) for seen, did in request.history))
     with scope:
         try:
             result = await policy.act(context, greedy=request.greedy, number=request.number)
@@ -55,7 +55,7 @@ async def serve_decoder(spec: ChildSpec, keys: CurveKeys | None) -> None:
     connected) as concurrent `act()` calls that the backend batches, and pushes `ActReply`s to the pool's
     outbox. An `AbandonRequest` cancels the waiting call. Its sockets are sealed with the pool's secret, or
     (on Ray) use CURVE with its own `keys`, expecting the pool's `spec.server_key`. However it stops, it
-    closes the backend (`PolicyHooks.close`: vllm shuts its engine down) before it returns."""
+    closes the backend (`Policy.close`: vllm shuts its engine down) before it returns."""
     cfg = spec.config
     policy = build_backend(cfg, build_suite(cfg), warm_start=False)
     try:
@@ -87,8 +87,8 @@ async def _serve(policy: Policy, spec: ChildSpec, keys: CurveKeys | None) -> Non
                         scope = scopes[rid] = trio.CancelScope()
                         nursery.start_soon(_finish, policy, message, spec.index, scope, replies, scopes)
                     case AbandonRequest(request_id=rid):
-                        if (scope := scopes.pop(rid, None)) is not None:
-                            scope.cancel()
+                        if (abandoned := scopes.pop(rid, None)) is not None:
+                            abandoned.cancel()
                     case LoadWeights(version=version, weights=blob):
                         policy.load_weights(version, deserialise_weights(blob))
 

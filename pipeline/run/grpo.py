@@ -182,7 +182,7 @@ def _build(
         on_trajectory_end=lifecycle.trajectory_finished, events=events.clone(),
     )
     phase = Phase(cfg, counters, slots, pacer, lifecycle, rollout, allocator, policy, stages.gate, dropped_frames,
-                  tokens_at_start=getattr(policy.statistics(), "generated_tokens", None))
+                  tokens_at_start=policy.statistics().generated_tokens)
     if restore is not None:
         phase.version = stages.learner.version = resume.restore_counters(
             restore, counters=counters, admission=lifecycle.admission, rollout=rollout, gate=stages.gate)
@@ -193,7 +193,7 @@ def _build(
                               range_name=cfg.eval.curve_range)
     recorder = UpdateRecorder(phase, events=events.clone(), metrics=metrics, heldout=heldout, profiler=profiler,
                               checkpointer=checkpointer, progress=progress)
-    policy.attach_profiler(profiler)  # a no-op unless the backend records its own spans (PolicyHooks)
+    policy.attach_profiler(profiler)  # a no-op unless the backend records its own spans (`Policy.attach_profiler`)
     phase.started = counters.window_started = trio.current_time()
     return _Wiring(phase, rollout, stages, heldout, recorder, events, events_in, training)
 

@@ -22,7 +22,7 @@ from learner.trainer import Trainer, published_weights
 from pipeline.config import RunConfig, dump_toml
 from pipeline.ledger import ledger_table
 from pipeline.machine_load import watching
-from pipeline.memory import tune_malloc
+from pipeline.memory import frozen_heap, tune_malloc
 from pipeline.profiling import Profiler
 from pipeline.progress import Progress
 from pipeline.provenance import invocations, record_invocation
@@ -46,6 +46,7 @@ from .build import (
 from .failure import failure_message, save_on_failure
 from .grpo import GrpoOutcome, run_grpo
 from .learning_curve import curve_points, write_learning_curve
+from .runtime import gil_switch_interval
 from .summary import (
     family_table,
     fmt_eval,
@@ -220,22 +221,24 @@ async def _run_phases(
         f"allocator {cfg.allocator.name}"
     )
     parts.checkpointer.job["job_wall_s"] = job["job_wall_s"] + (time.perf_counter() - wall_started)  # wall outside GRPO
-    tokens_before = _generated_tokens(policy)
+    tokens_before = policy.statistics().generated_tokens
     metrics = MetricsWriter(run_dir, sinks=[trackers])
     try:
         async with parts.profiler.sampling(), watching() as load:  # the machine's load while GRPO runs
-            outcome = await run_grpo(
-                cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in parts.train}, allocator=parts.allocator,
-                trainer=parts.trainer, run_dir=run_dir, profiler=parts.profiler, metrics=metrics, observers=parts.observers,
-                progress=progress, checkpointer=parts.checkpointer, restore=checkpoint["grpo"] if checkpoint else None, stop=stop,
-                evaluate=_periodic_evaluator(cfg, suite, curve, built) if curve else None,
-            )
+            with frozen_heap(cfg.run.gc_freeze) as frozen, gil_switch_interval(cfg.run.gil_switch_ms):  # issue 60, item 13
+                log.info("grpo.gc_frozen", objects=frozen)
+                outcome = await run_grpo(
+                    cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in parts.train}, allocator=parts.allocator,
+                    trainer=parts.trainer, run_dir=run_dir, profiler=parts.profiler, metrics=metrics,
+                    observers=parts.observers, progress=progress, checkpointer=parts.checkpointer,
+                    restore=checkpoint["grpo"] if checkpoint else None, stop=stop,
+                    evaluate=_periodic_evaluator(cfg, suite, curve, built) if curve else None,
+                )
     except Exception as exc:
         raise RunFailed(failure_message(exc, run_dir, save_on_failure(parts.checkpointer))) from exc
     finally:
         metrics.close()
-    tokens_after = _generated_tokens(policy)
-    generated = tokens_after - tokens_before if tokens_before is not None and tokens_after is not None else None
+    generated = policy.statistics().generated_tokens - tokens_before
     parts.machine_load = load.figures()
     return await _finish(cfg, run_dir, stop, progress, parts, outcome, policy, suite, splits, before, job["warm_start_s"], generated)
 
@@ -291,7 +294,7 @@ async def _finish(
     wall_s = parts.checkpointer.job["job_wall_s"] + outcome.wall_s + (time.perf_counter() - grpo_ended)
     figures = summary(cfg, outcome, before, after, warm_start_s, wall_s,
                       profiler_overhead_pct=overhead["overhead_pct"] if overhead else None, generated_tokens=generated,
-                      machine_load=parts.machine_load) | {"decoding_workers": getattr(policy, "workers", 1),
+                      machine_load=parts.machine_load) | {"decoding_workers": policy.statistics().workers or 1,
                                                           "heldout_before_reused": parts.checkpointer.job.get("heldout_before_reused", False),
                                                           "run_commits": invocations(run_dir)}
     if outcome.counters.evaluations:
@@ -369,11 +372,6 @@ async def _unless_stopped(stop: trio.Event, run_dir: Path, fn: Any, *args: Any, 
     if stop.is_set():
         raise RunInterrupted(run_dir, version)
     return result
-
-
-def _generated_tokens(policy: Policy) -> int | None:
-    """Tokens the policy generated so far, if the backend counts them (`statistics().generated_tokens`)."""
-    return getattr(policy.statistics(), "generated_tokens", None)
 
 
 def _save_checkpoints(run_dir: Path, trainer: Trainer, allocator: Any) -> None:

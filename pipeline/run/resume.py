@@ -49,7 +49,7 @@ FORMAT = 2
 STATE_FILE = "state.pt"
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
     """Write `path` through a temporary sibling and rename it into place (never half a file)."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import sys
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import trio
@@ -41,6 +43,22 @@ async def _run_observer(observer: Stage, ctx: StageContext, *, task_status: Any)
         await observer.run(ctx, task_status=task_status)
     except Exception as exc:  # a plugin's bug: one clear line, not an exception-group traceback
         raise StageFailed(name, f"{type(exc).__name__}: {exc}") from exc
+
+
+@contextlib.contextmanager
+def gil_switch_interval(ms: float) -> Iterator[None]:
+    """Within the block, a thread holding the GIL is asked to hand it over after `ms` milliseconds when another
+    waits (`sys.setswitchinterval`; 0 = Python's own, 5 ms). The Trio thread gives the GIL up at each socket
+    wait and each zmq call, and while the learner's thread runs Python code (building its items and packed
+    rows) every one of those costs up to the interval before the loop runs on: a tick could wait several
+    intervals (`run.gil_switch_ms`, issue 60 item 13). Restored on exit."""
+    before = sys.getswitchinterval()
+    if ms > 0:
+        sys.setswitchinterval(ms / 1000)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 async def monitor_loop_lag(counters: PhaseCounters, period_s: float = 0.01) -> None:

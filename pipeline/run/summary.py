@@ -95,7 +95,7 @@ def gate_label(cfg: RunConfig, outcome: GrpoOutcome) -> str:
     return " ".join([cfg.gate.name, *shown]) + (" shadow" if cfg.gate.shadow else "")
 
 
-def _group_figures(cfg: RunConfig, outcome: GrpoOutcome, gate_stats: dict[str, Any]) -> dict[str, Any]:
+def _group_figures(cfg: RunConfig, outcome: GrpoOutcome, gate_stats: Mapping[str, Any]) -> dict[str, Any]:
     """What happened to the groups: admitted, cut, trained, by outcome and by kind."""
     counters = outcome.counters  # one set of counters (pipeline.counters.PhaseCounters)
     return {
@@ -126,7 +126,7 @@ def _group_figures(cfg: RunConfig, outcome: GrpoOutcome, gate_stats: dict[str, A
 
 
 def _throughput_figures(
-    outcome: GrpoOutcome, gate_stats: dict[str, Any], alloc: dict[str, Any], generated_tokens: int | None
+    outcome: GrpoOutcome, gate_stats: Mapping[str, Any], alloc: dict[str, Any], generated_tokens: int | None
 ) -> dict[str, Any]:
     """The gate's quality and cost, occupancy, staleness, env steps and tokens."""
     counters = outcome.counters  # one set of counters (pipeline.counters.PhaseCounters)

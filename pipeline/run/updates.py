@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import trio
@@ -30,6 +30,9 @@ from pipeline.rundir import MetricsWriter
 from . import resume
 from .heldout import PeriodicHeldout
 from .placement import GateHandle
+
+if TYPE_CHECKING:
+    from stages.policy.base import Policy
 
 log = structlog.get_logger(__name__)
 
@@ -50,14 +53,14 @@ class Phase:
     rollout: Any
     """The rollout stage (env_steps, running_seconds(), its resume counters)."""
     allocator: Any
-    policy: Any
+    policy: Policy
     gate: GateHandle | None
     dropped_frames: Callable[[], dict[str, dict[str, int]]]
     version: int = 0
     started: float = 0.0
     done: trio.Event = field(default_factory=trio.Event)
-    tokens_at_start: int | None = None
-    """The policy's generated tokens when the phase began (None: the backend does not count them)."""
+    tokens_at_start: int = 0
+    """The policy's generated tokens when the phase began."""
 
     def wall_s(self) -> float:
         return trio.current_time() - self.started + self.counters.resumed_wall_s
@@ -70,10 +73,9 @@ class Phase:
     def admission_began(self) -> None:
         self.counters.start_s += trio.current_time() - self.started
 
-    def generated_tokens(self) -> int | None:
+    def generated_tokens(self) -> int:
         """Tokens the policy generated in this phase so far (since a resume: in this process)."""
-        now = getattr(self.policy.statistics(), "generated_tokens", None)
-        return now - self.tokens_at_start if now is not None and self.tokens_at_start is not None else None
+        return self.policy.statistics().generated_tokens - self.tokens_at_start
 
 
 @dataclass

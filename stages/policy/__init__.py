@@ -16,7 +16,7 @@ from .base import ActResult as ActResult
 from .base import AgentContext as AgentContext
 from .base import Policy as Policy
 from .base import PolicyBackend as PolicyBackend
-from .base import PolicyHooks as PolicyHooks
+from .base import PolicyStatistics as PolicyStatistics
 from .base import PolicyStopped as PolicyStopped
 from .base import TrainableModel as TrainableModel
 
@@ -63,7 +63,7 @@ __all__ = [
     "AgentContext",
     "Policy",
     "PolicyBackend",
-    "PolicyHooks",
+    "PolicyStatistics",
     "PolicyStopped",
     "TrainableModel",
     "backend_auto_workers",

@@ -3,16 +3,17 @@
 A backend (a `PolicyBackend`, registered in `stages.policy.POLICIES`) builds a `Policy` for a suite; the
 runtime starts its `serve()` loop in a nursery, trajectories call `act()` concurrently, and the learner gets
 a trainable copy of the same model through `trainable()` and sends weights back with `load_weights()`.
-Everything else the run may call on a policy is an optional hook declared in `PolicyHooks` (each with a
-no-op default), and everything the run may ask a backend besides building is declared in `PolicyBackend`.
+`Policy` declares everything the run may call on a policy, the optional hooks included (each with a no-op
+default), and its `statistics()` returns the one `PolicyStatistics` record; everything the run may ask a
+backend besides building is declared in `PolicyBackend`.
 """
 
 from __future__ import annotations
 
-from abc import ABC
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import msgspec
 import trio
@@ -63,12 +64,74 @@ class ActResult:
     (no top-p, or a backend that does not report it: the learner then applies the top-p rule)."""
 
 
-class PolicyHooks(ABC):  # noqa: B024 (no abstract method: every hook is optional, as in trio.abc.Instrument)
-    """The optional hooks of a `Policy`. Every method has a no-op default, so this class serves mostly as
-    documentation: a backend subclasses it and overrides the hooks it has, and the run calls each hook
-    directly (never through `getattr`)."""
+@dataclass(frozen=True, slots=True)
+class PolicyStatistics:
+    """What a policy did so far (`Policy.statistics()`): the one record every backend returns. The first five
+    figures every backend counts; the rest belong to one backend each (None elsewhere)."""
 
-    __slots__ = ()
+    requests: int
+    """`act()` calls taken."""
+    answered: int
+    """Requests answered with a result."""
+    abandoned: int
+    """Requests whose caller stopped waiting first (a cut group's turns, a cancelled evaluation)."""
+    generated_tokens: int
+    """Tokens decoded for answered requests (what the summary, the held-out rows and the A/B's tokens-to-target
+    read)."""
+    version: int
+    """The weights' version now serving."""
+    batches: int | None = None
+    """torch_tiny: decoding batches run (a request abandoned while queued is never decoded)."""
+    workers: int | None = None
+    """The decoding pool: its worker processes."""
+    round_trip_p50_s: float | None = None
+    """The decoding pool: an answered `act()` from request to reply (None before the first)."""
+    round_trip_p99_s: float | None = None
+    abort_p50_s: float | None = None
+    """vllm: a cancelled request from the caller's cancel to the engine's abort (None before the first)."""
+    abort_p99_s: float | None = None
+    weight_syncs: int | None = None
+    """vllm: weight versions synced into the engine."""
+    weight_sync_p50_s: float | None = None
+    weight_sync_max_s: float | None = None
+
+
+class Policy(ABC):
+    """What the run needs of a policy, declared once: `serve`, `act`, `load_weights`, `trainable` and
+    `statistics` (abstract: every backend has them), and the optional hooks, each with a no-op default
+    that a backend overrides where it has something to do. The run calls each method directly (never
+    through `getattr`); a backend subclasses this class, and mypy (`.ci/run`) checks every override's
+    signature against it (tests/stages/policy/test_base.py checks the built-in backends at run time too)."""
+
+    version: int
+    """The weights' version now serving (0 until the first `load_weights`); results carry it."""
+
+    @abstractmethod
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the batching loop until cancelled; call task_status.started() once requests are served."""
+
+    @abstractmethod
+    async def act(self, context: AgentContext, *, greedy: bool = False, number: int | None = None) -> ActResult:
+        """Generate one action. Cancelling the caller drops the request without disturbing the batch.
+
+        `number` (default: the next in call order) names the request's random stream; a decoding worker
+        process (`pipeline/run/decoding_pool.py`) passes the number its pool assigned, so results do not depend on
+        which process answers. A backend that samples from a shared stream may ignore it."""
+
+    @abstractmethod
+    def load_weights(self, version: int, state: Mapping[str, Any]) -> None:
+        """Queue new weights; they take effect between batches and later results carry `version`."""
+
+    @abstractmethod
+    def trainable(self) -> TrainableModel:
+        """A fresh trainable copy of the current model (for the learner, used off the Trio thread)."""
+
+    @abstractmethod
+    def statistics(self) -> PolicyStatistics:
+        """Called by the run's summary, its metrics rows and benchmarks, on the Trio thread, at any time: what
+        the policy did so far (trio's `statistics()` convention)."""
+
+    # Optional hooks: each a no-op until a backend overrides it.
 
     def attach_profiler(self, profiler: Profiler) -> None:  # noqa: B027 (optional: empty on purpose)
         """Called once by the GRPO phase (`pipeline/run/grpo.py`), before its first rollout, with the run's
@@ -97,60 +160,6 @@ class PolicyHooks(ABC):  # noqa: B024 (no abstract method: every hook is optiona
         a backend's own sockets dropped, by socket and reason (`pipeline.transport.Context.dropped_frames`),
         counted with the run's own in `dropped_frames`. Default: none (a backend without sockets)."""
         return {}
-
-    def statistics(self) -> Any:
-        """Called by the run's summary and benchmarks, on the Trio thread, at any time: a record of what the
-        policy did so far (trio's `statistics()` convention); the run reads `generated_tokens` from it when
-        present. Default: None, nothing counted."""
-        return None
-
-
-@runtime_checkable
-class Policy(Protocol):
-    """What the run needs of a policy: `serve`, `act`, `load_weights`, `trainable`, and the optional hooks
-    of `PolicyHooks` (which a backend gets by subclassing it)."""
-
-    version: int
-
-    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run the batching loop until cancelled; call task_status.started() once requests are served."""
-        ...
-
-    async def act(self, context: AgentContext, *, greedy: bool = False, number: int | None = None) -> ActResult:
-        """Generate one action. Cancelling the caller drops the request without disturbing the batch.
-
-        `number` (default: the next in call order) names the request's random stream; a decoding worker
-        process (`pipeline/run/decoding_pool.py`) passes the number its pool assigned, so results do not depend on
-        which process answers. A backend that samples from a shared stream may ignore it."""
-        ...
-
-    def load_weights(self, version: int, state: Mapping[str, Any]) -> None:
-        """Queue new weights; they take effect between batches and later results carry `version`."""
-        ...
-
-    def trainable(self) -> TrainableModel:
-        """A fresh trainable copy of the current model (for the learner, used off the Trio thread)."""
-        ...
-
-    def attach_profiler(self, profiler: Profiler) -> None:
-        """Optional (`PolicyHooks.attach_profiler`)."""
-        ...
-
-    def sampling_state(self) -> Any:
-        """Optional (`PolicyHooks.sampling_state`)."""
-        ...
-
-    def load_sampling_state(self, state: Any) -> None:
-        """Optional (`PolicyHooks.load_sampling_state`)."""
-        ...
-
-    def close(self) -> None:
-        """Optional (`PolicyHooks.close`)."""
-        ...
-
-    def statistics(self) -> Any:
-        """Optional (`PolicyHooks.statistics`)."""
-        ...
 
 
 class PolicyBackend(Protocol):

@@ -112,3 +112,16 @@ async def test_a_zero_variance_group_is_dropped_while_an_update_runs_not_after_i
         nursery.cancel_scope.cancel()
     assert dropped == GroupsConsumed(zero_variance=True, group_id=1, reason="all_fail")
     assert isinstance(report, LearnerReport) and trainer.batches == [[0]]
+
+
+def test_each_update_gives_the_freed_memory_back_unless_told_not_to(monkeypatch):
+    # An update's activations are hundreds of MB, and every worker thread it lands on keeps its own malloc arena
+    # at its high-water mark: the run's RSS grew by that per thread (issue 60, item 13).
+    trims = []
+    monkeypatch.setattr("pipeline.memory.trim", lambda: trims.append(threading.get_ident()) or True)
+    groups = [_group(0, [1.0, 0.0])]
+    for trim, expected in ((True, 1), (False, 0)):
+        trims.clear()
+        stage = LearnerStage(_Trainer(), LearnerSection(batch_groups=1, trim_memory=trim), reports=None)  # type: ignore[arg-type]
+        weights, _, _ = stage._update(groups, 0, Profiler(enabled=False))
+        assert weights == {"w": 1} and len(trims) == expected

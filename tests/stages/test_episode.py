@@ -7,7 +7,7 @@ import trio
 
 from stages.envs.base import Observation, StepResult, Task
 from stages.episode import Episode, EpisodeStep, play_episode, state_anchor
-from stages.policy.base import ActResult, PolicyHooks
+from stages.policy.base import ActResult
 
 TASK = Task(task_id="t0", family="demo", description="reach the door", split="train")
 
@@ -36,7 +36,7 @@ class Corridor:
         self.closed = True
 
 
-class ScriptPolicy(PolicyHooks):
+class ScriptPolicy:
     """Plays a fixed list of actions; remembers each context and the greedy flag; `delay` seconds per act."""
 
     version = 3

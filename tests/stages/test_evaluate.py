@@ -8,11 +8,11 @@ import trio
 
 from pipeline.progress import Progress
 from stages.evaluate import evaluate, evaluate_splits
-from stages.policy.base import ActResult, AgentContext, PolicyHooks
+from stages.policy.base import ActResult, AgentContext
 from tests.stages.policy.fake_suite import FindSuite
 
 
-class ScriptedPolicy(PolicyHooks):
+class ScriptedPolicy:
     """Goes to the place the hint names, then takes the object; `blind` tasks only look around."""
 
     def __init__(self, blind: str = "") -> None:

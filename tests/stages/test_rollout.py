@@ -10,7 +10,7 @@ import trio.testing
 from pipeline.messages import GroupClosed, GroupOpened, RolloutFailed, StepEvent, TrajectoryStatus
 from pipeline.profiling import Profiler
 from stages.envs.base import Observation, StepResult, Task
-from stages.policy.base import ActResult, PolicyHooks
+from stages.policy.base import ActResult
 from stages.rollout import RolloutStage
 
 TASK = Task(task_id="t0", family="demo", description="count to ten", split="train")
@@ -54,8 +54,8 @@ class Suite:
         return CountingEnv(self.envs, self.win_at, fail_reset=len(self.envs) in self.failing)
 
 
-class SlowPolicy(PolicyHooks):
-    """Answers every act() after `delay` seconds; counts abandoned calls."""
+class SlowPolicy:
+    """Answers every act() after `delay` seconds; counts abandoned calls (the part of `Policy` the stage calls)."""
 
     version = 7
 

@@ -57,7 +57,7 @@ def layout_pools(config: SplitConfig) -> tuple[dict[str, list[Layout]], dict[str
     for room in ROOM_ORDER:
         slug = room.replace(" ", "")
         signatures: set[tuple] = set()
-        pools = ([], [])
+        pools: tuple[list[Layout], list[Layout]] = ([], [])
         wanted = (config.layouts_per_room, config.unseen_layouts_per_room)
         k = 0
         for pool, want, tag in zip(pools, wanted, ("s", "u"), strict=True):

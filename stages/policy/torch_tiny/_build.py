@@ -368,7 +368,7 @@ def cache_key(
     if pretrain.dagger_rounds and recovery not in (None, "omniscient"):
         header["recovery"] = recovery  # DAgger's labels come from it (the demos' labels are hashed below)
         if recovery == "mixed":
-            header["searching_share"] = suite.searching_share
+            header["searching_share"] = suite.searching_share  # type: ignore[attr-defined]  # household's (recovery = "mixed" is)
     h.update(json.dumps(header, sort_keys=True).encode())
     for demo in demos:
         h.update(json.dumps([demo.prompt, demo.completion]).encode())

@@ -107,7 +107,7 @@ class TinyLM(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.apply(self._init)
         for block in self.blocks:  # GPT-2: scale residual projections by depth
-            nn.init.normal_(block.proj.weight, std=0.02 / math.sqrt(2 * cfg.layers))
+            nn.init.normal_(block.proj.weight, std=0.02 / math.sqrt(2 * cfg.layers))  # type: ignore[union-attr, arg-type]
 
     @staticmethod
     def _init(module: nn.Module) -> None:

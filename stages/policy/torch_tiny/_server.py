@@ -32,7 +32,7 @@ import trio
 
 from pipeline.devices import new_stream, side_stream
 from pipeline.profiling import Profiler
-from stages.policy.base import ActResult, AgentContext, PolicyHooks, PolicyStopped
+from stages.policy.base import ActResult, AgentContext, Policy, PolicyStatistics, PolicyStopped
 
 from ._generate import generate
 from ._model import TinyLM
@@ -61,17 +61,6 @@ class SamplingConfig:
         return prompt.choices(admissible, self.max_new_tokens) if self.choose_admissible else []
 
 
-@dataclass(frozen=True, slots=True)
-class PolicyStatistics:
-    batches: int
-    requests: int
-    """Requests decoded (abandoned ones included)."""
-    dropped: int
-    """Requests abandoned before their batch started (never decoded)."""
-    generated_tokens: int
-    version: int
-
-
 @dataclass(eq=False, slots=True)
 class _Request:
     prompt: list[int]
@@ -97,8 +86,8 @@ def request_uniforms(seed: int, number: int, n: int) -> torch.Tensor:
     return torch.rand(n, generator=torch.Generator().manual_seed(request_seed(seed, number)))
 
 
-class TorchTinyPolicy(PolicyHooks):
-    """Implements `stages.policy.base.Policy` for a `TinyLM` (hooks: `attach_profiler`, `statistics`)."""
+class TorchTinyPolicy(Policy):
+    """Implements `stages.policy.base.Policy` for a `TinyLM` (hook: `attach_profiler`)."""
 
     def __init__(self, model: TinyLM, prompt: PromptFormat, sampling: SamplingConfig, *, seed: int) -> None:
         self.version = 0
@@ -117,7 +106,7 @@ class TorchTinyPolicy(PolicyHooks):
         self._pending: tuple[int, dict[str, torch.Tensor]] | None = None
         self._requests = 0
         self._send: trio.MemorySendChannel[_Request] | None = None
-        self._stats = {"batches": 0, "requests": 0, "dropped": 0, "generated_tokens": 0}
+        self._stats = {"batches": 0, "answered": 0, "abandoned": 0, "generated_tokens": 0}
 
     @property
     def model(self) -> TinyLM:
@@ -138,15 +127,21 @@ class TorchTinyPolicy(PolicyHooks):
             raise PolicyStopped("TorchTinyPolicy.serve() is not running")
         request = _Request(self.prompt.build(context), context.admissible, greedy, self._requests if number is None else number)
         self._requests += 1
+        waited = False
         try:
             await send.send(request)
             await request.done.wait()
+            waited = True
         except (trio.ClosedResourceError, trio.BrokenResourceError) as exc:
+            waited = True
             raise PolicyStopped("TorchTinyPolicy.serve() stopped") from exc
         finally:
             request.waiting = False  # a cancelled caller abandons the request
+            if not waited:
+                self._stats["abandoned"] += 1
         if request.result is None:
             raise PolicyStopped("TorchTinyPolicy.serve() stopped before answering")
+        self._stats["answered"] += 1
         return request.result
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -162,7 +157,6 @@ class TorchTinyPolicy(PolicyHooks):
                 batch = []
                 await self._collect(recv, batch)
                 live = [r for r in batch if r.waiting]
-                self._stats["dropped"] += len(batch) - len(live)
                 if live:
                     await self._decode(live, limiter)
         finally:
@@ -202,7 +196,7 @@ class TorchTinyPolicy(PolicyHooks):
         return clone.requires_grad_(True).train()
 
     def statistics(self) -> PolicyStatistics:
-        return PolicyStatistics(**self._stats, version=self.version)
+        return PolicyStatistics(requests=self._requests, **self._stats, version=self.version)
 
     # ----------------------------------------------------------------------------------------------
     # Batching
@@ -221,7 +215,6 @@ class TorchTinyPolicy(PolicyHooks):
         jobs = [(r.prompt, r.admissible, r.greedy, r.number) for r in batch]
         results = await trio.to_thread.run_sync(self._decode_in_worker, jobs, limiter=limiter)
         self._stats["batches"] += 1
-        self._stats["requests"] += len(batch)
         self._stats["generated_tokens"] += sum(len(r.token_ids) for r in results)
         for request, result in zip(batch, results, strict=True):
             if request.waiting:

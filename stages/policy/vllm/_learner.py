@@ -104,8 +104,15 @@ class CausalLMTrainable:
         *,
         temperature: float | None = None,
         top_p: float | None = None,
+        choices: Sequence[Sequence[Sequence[int]]] | None = None,
+        nucleus: Sequence[Sequence[int]] | None = None,
     ) -> CompletionScores:
-        """Log-probs [N, T] of each completion token under the sampling distribution, mask, entropy."""
+        """Log-probs [N, T] of each completion token under the sampling distribution, mask, entropy. `choices`
+        and `nucleus` are the `TrainableModel` contract's: this backend never constrains decoding and its
+        sampler reports no nucleus, so the learner passes neither (`learner.trainer`: only when some turn
+        recorded one); one that is not empty is refused."""
+        if any(choices or ()) or any(nucleus or ()):
+            raise ValueError("the vLLM backend's learner scores no constrained choices and no recorded nucleus")
         if len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
         temperature = self.temperature if temperature is None else temperature

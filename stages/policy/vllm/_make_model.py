@@ -244,7 +244,8 @@ def behaviour_clone(
     packs = [p for episode in episodes for p in pack_episode(episode)]
     started = time.perf_counter()
     losses = train_bc(
-        _PackedLM(model), packs, epochs=bc.epochs, lr=bc.lr, batch_size=bc.batch_size, seed=seed, nll=hf_packed_nll,
+        _PackedLM(model), packs,  # type: ignore[arg-type]  # duck-typed as TinyLM's packed-loss surface
+        epochs=bc.epochs, lr=bc.lr, batch_size=bc.batch_size, seed=seed, nll=hf_packed_nll,
         max_updates=max_updates,
     )
     return {

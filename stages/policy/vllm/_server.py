@@ -8,7 +8,7 @@ Abort on cut: a cancelled `act()` (the gate cut its group, so the rollout stage 
 scope) cancels its asyncio task; `AsyncLLM.generate` then calls `abort(request_id)`, which drops the
 request from the output processor and sends one ABORT to the engine core, which frees its KV blocks
 before its next step. The time from the Trio cancellation to the end of that abort is recorded per
-request (`statistics().abort_ms_p50/p99`).
+request (`statistics().abort_p50_s / abort_p99_s`).
 
 Versions: `load_weights(version, state)` validates and snapshots the weights, then a coroutine on the
 loop sends them to every worker (`collective_rpc("rollcut_load_weights")`, between engine steps); with
@@ -27,7 +27,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ import torch
 import trio
 
 from pipeline.profiling import Profiler
-from stages.policy.base import ActResult, AgentContext, PolicyHooks, PolicyStopped
+from stages.policy.base import ActResult, AgentContext, Policy, PolicyStatistics, PolicyStopped
 from stages.policy.torch_tiny._prompt import parse_action
 from stages.policy.torch_tiny._server import request_seed
 
@@ -77,16 +77,17 @@ class _Stats:
     weight_sync_s: list[float] = field(default_factory=list)
 
 
-def _percentiles_ms(values: Sequence[float]) -> dict[str, float | None]:
+def _percentiles_s(values: Sequence[float]) -> tuple[float | None, float | None]:
+    """(p50, p99) of `values` in seconds; (None, None) for none."""
     if not values:
-        return {"p50": None, "p99": None}
-    p50, p99 = np.percentile(np.asarray(values) * 1000.0, [50, 99])
-    return {"p50": float(p50), "p99": float(p99)}
+        return None, None
+    p50, p99 = np.percentile(np.asarray(values), [50, 99])
+    return float(p50), float(p99)
 
 
-class VllmPolicy(PolicyHooks):
+class VllmPolicy(Policy):
     """Implements `stages.policy.base.Policy` on an `AsyncLLM` (built by `stages.policy.vllm.vllm_backend`;
-    hooks: `attach_profiler`, `statistics`, `close`)."""
+    hooks: `attach_profiler`, `close`)."""
 
     def __init__(
         self,
@@ -219,21 +220,14 @@ class VllmPolicy(PolicyHooks):
         self._raise_failure()
         return self.version
 
-    def statistics(self) -> dict[str, Any]:
+    def statistics(self) -> PolicyStatistics:
         s = self._stats
-        abort, sync = _percentiles_ms(s.abort_s), _percentiles_ms(s.weight_sync_s)
-        return {
-            "requests": s.requests,
-            "completed": s.completed,
-            "aborted": s.aborted,
-            "generated_tokens": s.generated_tokens,
-            "abort_ms_p50": abort["p50"],
-            "abort_ms_p99": abort["p99"],
-            "weight_syncs": len(s.weight_sync_s),
-            "weight_sync_ms_p50": sync["p50"],
-            "weight_sync_ms_max": max(s.weight_sync_s) * 1000 if s.weight_sync_s else None,
-            "version": self.version,
-        }
+        (abort_p50, abort_p99), (sync_p50, _) = _percentiles_s(s.abort_s), _percentiles_s(s.weight_sync_s)
+        return PolicyStatistics(
+            requests=s.requests, answered=s.completed, abandoned=s.aborted, generated_tokens=s.generated_tokens,
+            version=self.version, abort_p50_s=abort_p50, abort_p99_s=abort_p99, weight_syncs=len(s.weight_sync_s),
+            weight_sync_p50_s=sync_p50, weight_sync_max_s=max(s.weight_sync_s) if s.weight_sync_s else None,
+        )
 
     def close(self) -> None:
         """Shut the engine down and stop the loop thread (idempotent)."""
@@ -247,7 +241,7 @@ class VllmPolicy(PolicyHooks):
             self.engine = None  # AsyncLLM.__del__ now, not during interpreter teardown
             if self._adapters is not None:
                 self._adapters.cleanup()
-        log.info("policy.vllm.closed", **self.statistics())
+        log.info("policy.vllm.closed", **asdict(self.statistics()))
 
     # ----------------------------------------------------------------------------------------------
     # On the asyncio loop thread

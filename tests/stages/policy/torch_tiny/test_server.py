@@ -134,7 +134,8 @@ async def test_cancelling_a_caller_mid_batch_leaves_the_others_intact(
     for i in (0, 2):
         _same(results[i], expected[i])  # type: ignore[arg-type]
     stats = policy.statistics()
-    assert (stats.batches, stats.requests, stats.dropped) == (1, 3, 0)
+    assert (stats.batches, stats.requests, stats.answered, stats.abandoned) == (1, 3, 2, 1)  # decoded, then abandoned
+    assert stats.generated_tokens >= sum(len(results[i].token_ids) for i in (0, 2)) > 0  # the victim's were decoded too
 
 
 async def test_a_request_cancelled_while_queued_is_dropped(model: TinyLM, fmt: PromptFormat) -> None:
@@ -157,7 +158,7 @@ async def test_a_request_cancelled_while_queued_is_dropped(model: TinyLM, fmt: P
         await policy.act(CONTEXTS[2])
     assert queued.cancelled_caught
     stats = policy.statistics()
-    assert (stats.batches, stats.requests, stats.dropped) == (2, 2, 1)
+    assert (stats.batches, stats.requests, stats.answered, stats.abandoned) == (2, 3, 2, 1)  # the queued one never decoded
 
 
 async def test_new_weights_apply_between_batches_and_results_carry_their_version(

@@ -83,7 +83,7 @@ async def test_abort_mid_generation_frees_the_request(policy: VllmPolicy, monkey
 
     monkeypatch.setattr(policy, "_make_params", long_params)
     engine = policy.engine
-    before = policy.statistics()["aborted"]
+    before = policy.statistics().abandoned
     async with trio.open_nursery() as nursery:
         await nursery.start(policy.serve)
         with trio.CancelScope() as scope:
@@ -96,7 +96,7 @@ async def test_abort_mid_generation_frees_the_request(policy: VllmPolicy, monkey
             await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
     stats = policy.statistics()
-    assert stats["aborted"] == before + 1 and stats["abort_ms_p50"] is not None
+    assert stats.abandoned == before + 1 and stats.abort_p50_s is not None
 
 
 async def test_weight_update_changes_outputs_and_bumps_the_version(policy: VllmPolicy) -> None:

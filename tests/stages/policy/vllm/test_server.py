@@ -9,7 +9,8 @@ import pytest
 import torch
 import trio
 
-from stages.policy.base import AgentContext, PolicyStopped
+from pipeline.run.updates import Phase
+from stages.policy.base import AgentContext, PolicyStatistics, PolicyStopped
 from stages.policy.vllm._loop import LoopThread
 from stages.policy.vllm._prompt import ChatPrompt
 from stages.policy.vllm._server import VllmPolicy
@@ -53,7 +54,7 @@ async def test_act_returns_the_engine_completion_parsed_and_stamped(loop: LoopTh
     assert first.policy_version == 0 and first.prompt_ids == policy.prompt.build(CTX)
     assert engine.params[0]["seed"] != engine.params[1]["seed"]  # one seed per request number
     assert engine.params[1]["greedy"] is True and engine.params[0]["stop"] == [WordTok.eos_token_id]
-    assert policy.statistics()["completed"] == 2 and second.action == "look"
+    assert policy.statistics().answered == 2 and second.action == "look"
 
 
 async def test_a_pool_assigned_number_seeds_the_request_and_the_engine_id_stays_unique(loop: LoopThread) -> None:
@@ -84,7 +85,7 @@ async def test_cancelled_act_aborts_its_engine_request(loop: LoopThread) -> None
     assert scope.cancelled_caught
     assert engine.aborted == ["rollcut-0"] and not engine.running
     stats = policy.statistics()
-    assert stats["aborted"] == 1 and stats["abort_ms_p50"] is not None and stats["abort_ms_p50"] >= 0
+    assert stats.abandoned == 1 and stats.abort_p50_s is not None and stats.abort_p50_s >= 0
 
 
 async def test_serve_exit_fails_waiting_requests_and_later_calls(loop: LoopThread) -> None:
@@ -125,7 +126,7 @@ async def test_weights_reach_the_engine_by_version(loop: LoopThread) -> None:
     assert method == "rollcut_load_weights" and version == 1
     assert [name for name, *_ in weights] == ["w"]  # only checkpoint tensors are sent
     assert result.policy_version == 1 and policy.version == 1
-    assert policy.statistics()["weight_syncs"] == 1
+    assert policy.statistics().weight_syncs == 1
 
 
 async def test_request_submitted_during_a_sync_carries_the_older_version(loop: LoopThread) -> None:
@@ -187,3 +188,19 @@ def test_wire_tensors_round_trip() -> None:
     for tensor in (torch.randn(3, 4), torch.arange(6, dtype=torch.int64).reshape(2, 3), torch.randn(5).half()):
         name, back = from_wire(to_wire("x", tensor))
         assert name == "x" and back.dtype == tensor.dtype and torch.equal(back, tensor)
+
+
+async def test_statistics_are_the_run_s_record_and_count_generated_tokens(loop: LoopThread) -> None:
+    # The run reads `statistics().generated_tokens` (summary, held-out rows, the A/B's tokens-to-target); it was
+    # a dict here, so a vLLM run recorded no token figure.
+    policy = make_policy(loop, FakeEngine())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(policy.serve)
+        results = [await policy.act(CTX) for _ in range(3)]
+        nursery.cancel_scope.cancel()
+    stats = policy.statistics()
+    assert isinstance(stats, PolicyStatistics)
+    assert stats.generated_tokens == sum(len(r.token_ids) for r in results) > 0
+    assert (stats.requests, stats.answered, stats.abandoned, stats.version) == (3, 3, 0, 0)
+    phase = Phase(*[None] * 7, policy=policy, gate=None, dropped_frames=dict, tokens_at_start=2)  # type: ignore[arg-type]
+    assert phase.generated_tokens() == stats.generated_tokens - 2  # what a metrics row / held-out row records

@@ -1,0 +1,105 @@
+"""The default run's event-loop lag and peak memory, before against after, side by side in one run.
+
+    python bench/bench_loop.py [--updates 8] [--seed 0] [--config configs/default.toml]
+                               [--arm NAME=KEY=VALUE[,KEY=VALUE...] ...] [--set KEY=VALUE ...]
+
+Runs the same job (`run.py`, the config's warm start, held-out measures on 20 tasks per split) once per arm,
+every arm at the same time (so the machine's noise hits all of them), and prints each arm's figures from its
+summary.json and their ratio to the first arm's:
+
+* `loop_lag_p99_ms`: the GRPO phase's event-loop lag p99 (a 10 ms sleep's overshoot, `monitor_loop_lag`);
+  goal <= 5 ms (issue 60, item 13: 14.1 ms and 10.0 ms in default runs while the learner trains);
+* `peak_rss_mb`: the run's process, whole job (ru_maxrss); goal <= 1.5 GB (issue 60: 2.7 GB and 3.6 GB);
+* `env_steps_per_s` over the GRPO phase: "at unchanged speed" is a ratio near 1.
+
+The arms by default: `before` (`run.gc_freeze=false`: Python's collector traverses the whole heap in every
+full collection, holding the GIL; `run.gil_switch_ms=0`: Python's 5 ms GIL switch interval, which the loop may
+wait at every socket wait while the learner's thread runs Python code; `learner.trim_memory=false`: each
+thread an update ran on keeps its malloc arena at the update's high-water mark) and `after` (the defaults:
+the heap alive when GRPO starts frozen, `pipeline/memory.py:frozen_heap`; a 0.5 ms switch interval,
+`pipeline/run/runtime.py:gil_switch_interval`; every update ending with `malloc_trim`). Add arms to tell the
+three apart or to compare other settings, e.g. `--arm no-switch=run.gil_switch_ms=0`,
+`--arm no-trim=learner.trim_memory=false`, `--arm micro16=learner.micro_batch=16`, `--arm flat=run.flat_memory=true`.
+
+The warm start is trained (or read from its cache) once, by `run.py pretrain`, before the arms start, so that
+no arm trains it. Run it on a quiet machine: with every arm a job of its own, N arms need about N x 2 cores to
+be measured fairly; the ratios still compare like with like when they share fewer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIGURES = ("loop_lag_p99_ms", "peak_rss_mb", "env_steps_per_s")
+DEFAULT_ARMS = {"before": ["run.gc_freeze=false", "run.gil_switch_ms=0", "learner.trim_memory=false"], "after": []}
+
+
+def parse_arm(text: str) -> tuple[str, list[str]]:
+    """`NAME=KEY=VALUE,KEY=VALUE` -> (NAME, [KEY=VALUE, ...]); `NAME=` is an arm of the defaults."""
+    name, _, sets = text.partition("=")
+    if not name:
+        raise argparse.ArgumentTypeError(f"an arm is NAME=KEY=VALUE[,...], got {text!r}")
+    return name, [s for s in sets.split(",") if s]
+
+
+def figures(summary: dict) -> dict[str, float | None]:
+    """The three figures of one arm's summary.json."""
+    steps, wall = summary.get("env_steps"), summary.get("grpo_wall_s")
+    return {"loop_lag_p99_ms": summary.get("loop_lag_p99_ms"), "peak_rss_mb": summary.get("peak_rss_mb"),
+            "env_steps_per_s": steps / wall if steps and wall else None}
+
+
+def table(results: dict[str, dict[str, float | None]]) -> list[str]:
+    """One line per arm: each figure and its ratio to the first arm's."""
+    first = next(iter(results.values()))
+    lines = []
+    for name, row in results.items():
+        cells = []
+        for key in FIGURES:
+            value, base = row[key], first[key]
+            ratio = f" ({value / base:.2f}x)" if value is not None and base else ""
+            cells.append(f"{key} {'n/a' if value is None else f'{value:.1f}'}{ratio}")
+        lines.append(f"{name:<10} " + "   ".join(cells))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=str(ROOT / "configs" / "default.toml"))
+    parser.add_argument("--updates", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--arm", type=parse_arm, action="append", default=[], help="NAME=KEY=VALUE[,KEY=VALUE...]")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="for every arm")
+    args = parser.parse_args(argv)
+    arms = dict(DEFAULT_ARMS) | dict(args.arm)
+    common = [f"run.seed={args.seed}", f"run.updates={args.updates}", "eval.tasks=20", "run.progress=false",
+              *args.overrides]
+    run_py = [sys.executable, str(ROOT / "run.py"), "--config", args.config]
+    with tempfile.TemporaryDirectory(prefix="bench-loop-") as out:
+        sets = [x for s in common for x in ("--set", s)]
+        subprocess.run([*run_py, "pretrain", *sets, "--out", out], check=True, stdout=subprocess.DEVNULL, cwd=ROOT)  # once
+        children = {name: subprocess.Popen([*run_py, *sets, *(x for s in extra for x in ("--set", s)),
+                                            "--set", f"run.name={name!r}".replace("'", '"'), "--out", out],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                    for name, extra in arms.items()}
+        results = {}
+        for name, child in children.items():
+            _, err = child.communicate()
+            if child.returncode != 0:
+                print(f"arm {name}: run.py exited {child.returncode}\n{err[-2000:]}", file=sys.stderr)
+                return 1
+            results[name] = figures(json.loads((Path(out) / name / "summary.json").read_text()))
+    print(f"{args.updates} updates, seed {args.seed}, {Path(args.config).name}; arms at the same time; ratios to {next(iter(arms))}")
+    for line in table(results):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
