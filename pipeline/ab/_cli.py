@@ -1,13 +1,17 @@
 """`run.py ab`: run a study, rebuild its report, list the presets.
 
     python run.py ab [--arms A,B,...] [--seeds 0,1,2] [--budget default] [--config BASE] [--set K=V ...]
-                     [--name NAME] [--out DIR] [--baseline ARM] [--target-heldout X [--eval-every N] [--to-budget]]
+                     [--name NAME] [--out DIR] [--baseline ARM] [--aa-arm ARM] [--target-heldout X [--eval-every N] [--to-budget]]
                      [--keep-loaded-wall] [--redo-loaded N] [--dry-run]
     python run.py ab report RUN_DIR [--baseline ARM] [--keep-loaded-wall]
     python run.py ab list
 
 Exit codes: 0 every run finished, 1 some run failed (the report covers the rest), 2 bad usage or
 configuration (nothing was run), 130 interrupted (finished runs are kept; run the same command to resume).
+
+Every study runs an A/A control arm: the baseline again as `<baseline>-aa` (the same config under another
+name), or the arm `--aa-arm` names (e.g. a gate in shadow mode). Its ratio to the baseline is the study's noise
+floor; the report marks a difference that does not exceed it "not resolved" (pipeline/ab/_control.py).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 from pipeline.config import ConfigError, RunSection
 
+from ._control import aa_name
 from ._markdown import report_markdown
 from ._plots import write_plots
 from ._presets import Preset, find_presets, list_presets
@@ -50,6 +55,8 @@ def _study_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="study folder <out>/<name>/ab (default: ab-<budget>)")
     p.add_argument("--out", help="parent of the study folder (default: the base config's run.out)")
     p.add_argument("--baseline", help="arm the others are compared to (default: the first arm)")
+    p.add_argument("--aa-arm", help="one of --arms that changes nothing (e.g. a gate in shadow mode): the study's A/A control "
+                                    "(default: the baseline run again as <baseline>-aa)")
     p.add_argument("--target-heldout", type=float, help="stop each run at this held-out success and compare time to reach it")
     p.add_argument("--eval-every", type=int, help="held-out evaluation every N updates (with --target-heldout; default 2)")
     p.add_argument("--to-budget", action="store_true",
@@ -109,20 +116,43 @@ def _stop_overrides(args: argparse.Namespace) -> list[str]:
 
 def _study_command(args: argparse.Namespace, load: Loader, command: Sequence[str], configs: Path) -> int:
     arms = find_presets([a.strip() for a in args.arms.split(",") if a.strip()], configs / "arms", "arm")
+    baseline = args.baseline or arms[0].name
+    arms, aa_arm = with_aa_arm(arms, baseline, args.aa_arm)
     budget = None if args.budget == "none" else find_presets([args.budget], configs / "budgets", "budget")[0]
     seeds = _seeds(args.seeds)
     user = [*args.overrides, *_stop_overrides(args)]
     base_out = args.out or _run_out(load, args.config, [*(budget.overrides if budget else ()), *user])
     ab_dir = Path(base_out) / (args.name or f"ab-{args.budget if budget is None else budget.name}") / "ab"
-    study = plan_study(load, args.config, budget, arms, seeds, user, ab_dir, args.baseline or arms[0].name)
+    study = plan_study(load, args.config, budget, arms, seeds, user, ab_dir, baseline)
     todo = check_resumable(study)
     if args.dry_run:
         _print_plan(study, budget, todo)
         return 0
-    write_plan(study, {"budget": budget.name if budget else None, "base_config": args.config, "set": list(args.overrides),
+    write_plan(study, {"aa_arm": aa_arm, "budget": budget.name if budget else None, "base_config": args.config, "set": list(args.overrides),
                        "target_heldout": args.target_heldout, "to_budget": args.to_budget, "keep_loaded_wall": args.keep_loaded_wall,
                        "redo_loaded": args.redo_loaded, "argv": sys.argv})
     return _run_study(study, todo, command, args.redo_loaded)
+
+
+def with_aa_arm(arms: list[Preset], baseline: str, aa: str | None) -> tuple[list[Preset], str]:
+    """The arms with the study's A/A control: `aa` when it names one of them, else the baseline again as
+    `<baseline>-aa` (same overrides), placed right after the baseline."""
+    names = [a.name for a in arms]
+    if aa is not None:
+        problems = [f"--aa-arm {aa!r} is not one of the arms ({', '.join(names)})"] if aa not in names else []
+        problems += [f"--aa-arm {aa!r} is the baseline: the A/A arm is compared to it"] if aa == baseline else []
+        if problems:
+            raise ConfigError(problems)
+        return arms, aa
+    base = next((a for a in arms if a.name == baseline), None)
+    if base is None:  # plan_study reports it with the other problems
+        return arms, aa_name(baseline)
+    if aa_name(baseline) in names:
+        return arms, aa_name(baseline)
+    clone = Preset(aa_name(baseline), base.path, base.overrides,
+                   f"A/A control: {baseline} run again under another name, the study's noise floor")
+    at = names.index(baseline) + 1
+    return [*arms[:at], clone, *arms[at:]], clone.name
 
 
 def _run_out(load: Loader, base: str | None, overrides: list[str]) -> str:
@@ -191,16 +221,20 @@ def write_report(ab_dir: Path, baseline: str | None = None, keep_loaded_wall: bo
     if baseline not in arms:
         raise ConfigError([f"baseline {baseline!r} is not one of the study's arms ({', '.join(arms)})"])
     records = [r for a in arms for s in seeds if (r := read_run(a, s, ab_dir / f"{a}-s{s}")) is not None]
+    screened = {int(s): str(why) for s, why in plan.get("screened_out", {}).items()}
+    order = {int(s): o for s, o in plan.get("order", {}).items()}
     report = build_report(records, arms=arms, seeds=seeds, baseline=baseline, target=plan.get("target_heldout"),
-                          stops_at_target=not plan.get("to_budget", False), keep_loaded_wall=keep)
+                          stops_at_target=not plan.get("to_budget", False), keep_loaded_wall=keep,
+                          aa_arm=plan.get("aa_arm"), screened_out=screened, order=order)
     report["loaded_runs_set_aside"] = sorted(p.name for p in ab_dir.glob("*.loaded-*") if p.is_dir())
     if report["loaded_runs_set_aside"]:
         report["notes"].append("runs the machine's load flagged, set aside and run again (kept, not counted): "
                                + ", ".join(report["loaded_runs_set_aside"]))
-    report["plots"] = write_plots(ab_dir, {a: {r.seed: r.curve for r in records if r.arm == a} for a in arms}, report)
+    counted = {int(s) for b in report["arms"].values() for s in b["seeds"]}
+    report["plots"] = write_plots(ab_dir, {a: {r.seed: r.curve for r in records if r.arm == a and r.seed in counted} for a in arms}, report)
     if not report["plots"]:
         report["notes"].append("no plots: matplotlib is not installed (pip install rollcut[plot])")
-    report["study"] = {k: plan.get(k) for k in ("budget", "base_config", "set", "seeds")} | {
+    report["study"] = {k: plan.get(k) for k in ("budget", "base_config", "set", "seeds", "screening")} | {
         "arms": {a["name"]: a["overrides"] for a in plan["arms"]}}
     (ab_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (ab_dir / "report.md").write_text(report_markdown(report, ab_dir.parent.name))

@@ -10,7 +10,8 @@
 A run is a child process (`run.py --config configs/<arm>-s<seed>.toml`): memory, threads and torch state
 never leak from one arm into the next, and a run folder with a `summary.json` that does not say it was
 interrupted (`finished_summary`) is a finished run, which is all resuming needs. Seeds are the outer loop, so
-slow drift of a shared machine hits every arm alike.
+slow drift of a shared machine hits every arm alike, and the arms' order rotates from seed to seed (a cyclic
+Latin square, recorded in plan.json as `order`) so no arm always runs first or last.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 from pipeline.config import ConfigError, RunConfig, dump_toml
 
+from ._control import rotated_order
 from ._presets import Preset, toml_value
 
 Loader = Callable[[str | Path | None, Sequence[str]], RunConfig]
@@ -57,8 +59,10 @@ class Study:
 
 
 def interleave(arms: Sequence[str], seeds: Sequence[int]) -> list[tuple[str, int]]:
-    """Seed-major order: seed 0 of every arm, then seed 1 of every arm, ..."""
-    return [(arm, seed) for seed in seeds for arm in arms]
+    """Seed-major order, the arms rotated per seed (`_control.rotated_order`: a cyclic Latin square): seed 0 runs
+    a, b, c; seed 1 runs b, c, a; ..."""
+    order = rotated_order(arms, seeds)
+    return [(arm, seed) for seed in seeds for arm in order[seed]]
 
 
 def run_overrides(budget: Preset | None, arm: Preset, user: Sequence[str], seed: int, ab_dir: Path) -> list[str]:
@@ -207,6 +211,7 @@ def write_plan(study: Study, meta: dict[str, Any]) -> None:
         "arms": [{"name": a.name, "file": str(a.path), "overrides": list(a.overrides), "description": a.description} for a in study.arms],
         "seeds": study.seeds,
         "baseline": study.baseline,
+        "order": {str(s): o for s, o in rotated_order([a.name for a in study.arms], study.seeds).items()},
         **meta,
     }
     (study.ab_dir / "plan.json").write_text(json.dumps(plan, indent=2) + "\n")
