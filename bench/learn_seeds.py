@@ -9,8 +9,8 @@ Runs `run.py` once per seed, one after the other (each run has the machine to it
 the figure), into run folders `<run.name>-s<seed>`, then prints one markdown row per seed (held-out
 seen / unseen / mean before -> after on the run's task range, job wall seconds, GRPO wall seconds, the GRPO
 phase's mean 1-minute load against the cores, env steps, learner updates) and the mean rise over seeds with
-the range over the seeds (below 5 seeds) or its 95 % paired percentile bootstrap interval (5 seeds or more;
-seeds resampled, before and after of a seed kept together: `pipeline.ab._stats.paired_difference`). Folders
+its 95 % Student-t interval on the per-seed rises (before and after of a seed kept together:
+`pipeline.ab._stats.paired_difference`; one seed: no interval). Folders
 that rerun a seed count as one seed (the mean of its runs) and their spread is printed. `--report`
 tabulates existing run folders instead. The warm start of a seed is trained on first use and cached; build
 it beforehand (`run.py pretrain --set run.seed=N`) for a wall time that counts only the cached load.
@@ -117,7 +117,8 @@ def report(folders: list[Path]) -> str:
         ranges = sorted({str(s.get("heldout_range", "dev (before task ranges)")) for s in rows})
         lines += ["", (
             f"Mean rise over seeds {list(interval.seeds)}: {100 * interval.estimate:+.1f} pp "
-            f"({interval.describe()}: [{100 * interval.ci_low:+.1f}, {100 * interval.ci_high:+.1f}]). "
+            f"({interval.describe()}" + (f": [{100 * interval.ci_low:+.1f}, {100 * interval.ci_high:+.1f}]" if interval.ci_low is not None
+                                          else "") + "). "
             f"Held-out tasks per split: {rows[0]['heldout_tasks_per_split']}, range {', '.join(ranges)}."
         )]
     for seed, r in sorted(runs.items()):

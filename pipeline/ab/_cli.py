@@ -25,7 +25,7 @@ from typing import Any
 
 from pipeline.config import ConfigError, RunSection
 
-from ._control import aa_name
+from ._control import aa_name, screen_seeds
 from ._markdown import report_markdown
 from ._plots import write_plots
 from ._presets import Preset, find_presets, list_presets
@@ -35,8 +35,10 @@ from ._runner import (
     Study,
     check_resumable,
     execute,
+    measure_warm_start,
     plan_study,
     read_plan,
+    run_overrides,
     set_aside,
     to_redo,
     write_plan,
@@ -66,6 +68,9 @@ def _study_parser() -> argparse.ArgumentParser:
     p.add_argument("--redo-loaded", type=int, default=0, metavar="N",
                    help="run a run the machine's load flagged (summary machine_loaded) again, at most N times; the loaded "
                         "folders are kept as <arm>-s<seed>.loaded-<n> and named in the report (default: 0, kept as they are)")
+    p.add_argument("--screen", metavar="LOW:HIGH",
+                   help="before any arm runs, measure each seed's warm start on dev (run.py pretrain) and keep a seed only if "
+                        "its success is within [LOW, HIGH] (e.g. 0.1:0.7); a seed left out draws the next seed number")
     p.add_argument("--dry-run", action="store_true", help="validate and print the plan, run nothing")
     return p
 
@@ -120,15 +125,22 @@ def _study_command(args: argparse.Namespace, load: Loader, command: Sequence[str
     arms, aa_arm = with_aa_arm(arms, baseline, args.aa_arm)
     budget = None if args.budget == "none" else find_presets([args.budget], configs / "budgets", "budget")[0]
     seeds = _seeds(args.seeds)
+    screen = _screen_bounds(args.screen)
     user = [*args.overrides, *_stop_overrides(args)]
     base_out = args.out or _run_out(load, args.config, [*(budget.overrides if budget else ()), *user])
     ab_dir = Path(base_out) / (args.name or f"ab-{args.budget if budget is None else budget.name}") / "ab"
+    screened_out: dict[int, str] = {}
+    if screen is not None and not args.dry_run:
+        base_arm = next((a for a in arms if a.name == baseline), arms[0])
+        seeds, screened_out = _screened(load, args.config, [*run_overrides(budget, base_arm, user, 0, ab_dir)[:-4]],
+                                        seeds, screen, ab_dir, command)
     study = plan_study(load, args.config, budget, arms, seeds, user, ab_dir, baseline)
     todo = check_resumable(study)
     if args.dry_run:
         _print_plan(study, budget, todo)
         return 0
-    write_plan(study, {"aa_arm": aa_arm, "budget": budget.name if budget else None, "base_config": args.config, "set": list(args.overrides),
+    write_plan(study, {"aa_arm": aa_arm, "screen": list(screen) if screen else None,
+                       "screened_out": {str(s): why for s, why in screened_out.items()}, "budget": budget.name if budget else None, "base_config": args.config, "set": list(args.overrides),
                        "target_heldout": args.target_heldout, "to_budget": args.to_budget, "keep_loaded_wall": args.keep_loaded_wall,
                        "redo_loaded": args.redo_loaded, "argv": sys.argv})
     return _run_study(study, todo, command, args.redo_loaded)
@@ -153,6 +165,40 @@ def with_aa_arm(arms: list[Preset], baseline: str, aa: str | None) -> tuple[list
                    f"A/A control: {baseline} run again under another name, the study's noise floor")
     at = names.index(baseline) + 1
     return [*arms[:at], clone, *arms[at:]], clone.name
+
+
+def _screen_bounds(text: str | None) -> tuple[float, float] | None:
+    if text is None:
+        return None
+    try:
+        low, high = (float(v) for v in text.split(":"))
+    except ValueError:
+        raise ConfigError([f"--screen {text!r}: expected LOW:HIGH, e.g. 0.1:0.7"]) from None
+    if not 0 <= low <= high <= 1:
+        raise ConfigError([f"--screen {text!r}: need 0 <= LOW <= HIGH <= 1"])
+    return low, high
+
+
+def _screened(load: Loader, base: str | None, overrides: list[str], seeds: list[int], screen: tuple[float, float],
+              ab_dir: Path, command: Sequence[str]) -> tuple[list[int], dict[int, str]]:
+    """The study's seeds after the screening rule (`_control.screen_seeds`), measured once: a resumed study reads
+    the measures kept in screening.json."""
+    cache_path = ab_dir / "screening.json"
+    cache = {int(k): v for k, v in json.loads(cache_path.read_text()).items()} if cache_path.is_file() else {}
+
+    def measure(seed: int) -> float | None:
+        if seed not in cache:
+            print(f"screening seed {seed}: its warm start on dev", flush=True)
+            cache[seed] = measure_warm_start(load, base, overrides, seed, ab_dir, command)
+            cache_path.write_text(json.dumps({str(k): v for k, v in cache.items()}, indent=2) + "\n")
+        return cache[seed]
+
+    candidates = [*seeds, *range(max(seeds) + 1, max(seeds) + 1 + 4 * len(seeds))]
+    kept, out = screen_seeds(candidates, len(seeds), measure, *screen)
+    if len(kept) < len(seeds):
+        raise ConfigError([f"--screen: only {len(kept)} of {len(candidates)} seeds tried passed ({', '.join(map(str, kept))}); "
+                           "widen the rule or give other seeds"])
+    return kept, out
 
 
 def _run_out(load: Loader, base: str | None, overrides: list[str]) -> str:

@@ -16,7 +16,7 @@ first on a machine that warms up or slows down.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 RESOLVED, NOT_RESOLVED, NO_FLOOR = "resolved", "not resolved", "no A/A floor"
@@ -68,3 +68,23 @@ def machines(ids: Mapping[tuple[str, int], str | None]) -> dict[str, Any]:
     known = sorted({m for m in ids.values() if m})
     return {"ids": known, "spans_machines": len(known) > 1,
             "runs_without_id": sorted(f"{a}-s{s}" for (a, s), m in ids.items() if not m)}
+
+
+def screen_seeds(candidates: Sequence[int], want: int, measure: Callable[[int], float | None], low: float,
+                 high: float) -> tuple[list[int], dict[int, str]]:
+    """Seeds for a study, screened before any arm runs: draw `candidates` in order, measure each one's warm start
+    (`measure`: held-out success on dev, None when it could not be measured) and keep it when low <= success <=
+    high, until `want` are kept. Returns the kept seeds and, for each seed left out, why (the report lists them)."""
+    kept: list[int] = []
+    out: dict[int, str] = {}
+    for seed in candidates:
+        if len(kept) == want:
+            break
+        success = measure(seed)
+        if success is None:
+            out[seed] = "its warm start could not be measured on dev"
+        elif low <= success <= high:
+            kept.append(seed)
+        else:
+            out[seed] = f"warm start wins {success:.1%} on dev, outside [{low:.0%}, {high:.0%}]".replace("%", " %")
+    return kept, out

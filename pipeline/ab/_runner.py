@@ -222,3 +222,30 @@ def read_plan(ab_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError([f"{ab_dir}: no plan.json (not a study folder made by `run.py ab`)"])
     return json.loads(path.read_text())
+
+
+def measure_warm_start(load: Loader, base: str | None, overrides: Sequence[str], seed: int, ab_dir: Path,
+                       command: Sequence[str]) -> float | None:
+    """The seed's warm start's held-out success on `dev` (mean over the splits), measured by `run.py pretrain` in a
+    child process before any arm runs (the warm start is cached for the runs); None when it could not be measured."""
+    cfg = load(base, [*overrides, f"run.seed={seed}", 'eval.range="dev"', "run.progress=false"])
+    folder = ab_dir / "screening"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"s{seed}.toml"
+    path.write_text(dump_toml(cfg))
+    done = subprocess.run([*command, "pretrain", "--config", str(path)], capture_output=True, text=True)
+    (folder / f"s{seed}.log").write_text(done.stdout + done.stderr)
+    return warm_start_success(done.stdout) if done.returncode == 0 else None
+
+
+def warm_start_success(stdout: str) -> float | None:
+    """Mean success over the splits `run.py pretrain` printed ("<split>: success 31.5% over 200 tasks ...")."""
+    values = []
+    for line in stdout.splitlines():
+        head, sep, rest = line.partition(": success ")
+        if sep and head.strip() and "%" in rest:
+            try:
+                values.append(float(rest.split("%")[0]) / 100)
+            except ValueError:
+                continue
+    return sum(values) / len(values) if values else None

@@ -9,8 +9,9 @@ import textwrap
 import pytest
 
 from pipeline.ab import main, write_report
+from pipeline.ab._control import screen_seeds
 from pipeline.ab._presets import find_presets
-from pipeline.ab._runner import interleave, plan_study
+from pipeline.ab._runner import interleave, plan_study, warm_start_success
 from pipeline.config import load_config
 
 FAKE_RUN = textwrap.dedent('''
@@ -19,6 +20,12 @@ FAKE_RUN = textwrap.dedent('''
     config = Path(sys.argv[sys.argv.index("--config") + 1])
     cfg = tomllib.loads(config.read_text())
     name, seed = cfg["run"]["name"], cfg["run"]["seed"]
+    if "pretrain" in sys.argv:  # the screening measure: AB_WARM "seed:success,..."
+        warm = dict(item.split(":") for item in os.environ.get("AB_WARM", "").split(",") if item)
+        assert cfg["eval"]["range"] == "dev"
+        print(f"heldout_seen: success {100 * float(warm[str(seed)]):.1f}% over 4 tasks of the dev range ()")
+        print(f"heldout_unseen: success {100 * float(warm[str(seed)]):.1f}% over 4 tasks of the dev range ()")
+        sys.exit(0)
     with open(os.environ["AB_ORDER_LOG"], "a") as f:
         f.write(name + "\\n")
     folder = Path(cfg["run"]["out"]) / name
@@ -228,6 +235,25 @@ def test_a_named_aa_arm_replaces_the_baseline_copy(study):
     report = json.loads((ab_dir / "report.json").read_text())
     assert report["aa_arm"] == "gated" and report["resolution"] == {}
     assert report["noise_floor"]["wall_ratio"] == pytest.approx(math.log(2))  # the "no-op" arm moved wall 0.5x
+
+
+def test_screening_draws_the_next_seed_before_any_arm_runs_and_the_report_names_the_left_out(study, monkeypatch):
+    run, ran, ab_dir = study
+    monkeypatch.setenv("AB_WARM", "0:0.0,1:0.4,2:0.5,3:0.9")
+    assert run("--screen", "0.1:0.7") == 0
+    assert sorted(ran()) == sorted(f"{a}-s{s}" for a in ("plain", "plain-aa", "gated") for s in (1, 2))
+    plan = json.loads((ab_dir / "plan.json").read_text())
+    assert plan["seeds"] == [1, 2] and plan["screened_out"] == {"0": "warm start wins 0.0 % on dev, outside [10 %, 70 %]"}
+    assert "seed 0: warm start wins 0.0 % on dev" in (ab_dir / "report.md").read_text()
+    assert run("--screen", "0.1:0.7") == 0 and ran() == []  # resumed: the measures are kept, nothing reruns
+    assert run("--name", "x", "--screen", "0.9:0.1") == 2
+
+
+def test_screen_seeds_and_the_pretrain_line():
+    kept, out = screen_seeds([5, 6, 7, 8], 2, {5: 0.3, 6: None, 7: 0.05, 8: 0.6}.get, 0.1, 0.7)
+    assert kept == [5, 8] and set(out) == {6, 7} and "could not be measured" in out[6]
+    assert warm_start_success("heldout_seen: success 30.0% over 4 tasks\nheldout_unseen: success 50.0% over 4\n") == pytest.approx(0.4)
+    assert warm_start_success("nothing") is None
 
 
 def test_report_of_a_folder_that_is_no_study_exits_2_and_list_names_the_presets(study, tmp_path, capsys):
