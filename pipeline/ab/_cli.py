@@ -271,7 +271,7 @@ def write_report(ab_dir: Path, baseline: str | None = None, keep_loaded_wall: bo
     order = {int(s): o for s, o in plan.get("order", {}).items()}
     report = build_report(records, arms=arms, seeds=seeds, baseline=baseline, target=plan.get("target_heldout"),
                           stops_at_target=not plan.get("to_budget", False), keep_loaded_wall=keep,
-                          aa_arm=plan.get("aa_arm"), screened_out=screened, order=order)
+                          aa_arm=plan.get("aa_arm"), aa_of=plan.get("aa_of"), screened_out=screened, order=order)
     report["loaded_runs_set_aside"] = sorted(p.name for p in ab_dir.glob("*.loaded-*") if p.is_dir())
     if report["loaded_runs_set_aside"]:
         report["notes"].append("runs the machine's load flagged, set aside and run again (kept, not counted): "

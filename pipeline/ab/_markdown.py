@@ -50,7 +50,7 @@ def _headline(report: Mapping[str, Any], title: str) -> list[str]:
     return [
         f"# A/B study `{title}`",
         "",
-        f"Baseline arm: `{base}`. A/A control arm: " + (f"`{aa}` (changes nothing: its distance from the baseline is the "
+        f"Baseline arm: `{base}`. A/A control arm: " + (f"`{aa}` (changes nothing against `{report.get('aa_of') or base}`: its distance from it is the "
         "noise floor; an effect within it, or whose interval holds no-effect, is marked **not resolved**)." if aa else
         "none (a study made before the A/A arm: no noise floor).") + spans,
         "",
@@ -120,12 +120,13 @@ def _floor_lines(report: Mapping[str, Any]) -> list[str]:
     floors, aa = report.get("noise_floor"), report.get("aa_arm")
     if not floors:
         return []
-    aa_comp = report["comparisons"].get(aa, {})
+    aa_comp = report.get("aa_comparison") or report["comparisons"].get(aa, {})
     parts = [f"{name.removesuffix('_ratio').replace('_', ' ')} ×{aa_comp[name]['estimate']:.3f}" for name, v in floors.items()
              if v is not None and name.endswith("_ratio")]
     parts += [f"{name.removesuffix('_delta').replace('_', ' ')} {aa_comp[name]['estimate'] * 100:+.1f} pp" for name, v in floors.items()
               if v is not None and name.endswith("_delta")]
-    return ["", f"Noise floor (`{aa}` against `{report['baseline']}`, the distance an arm that changes nothing came out at): "
+    return ["", f"Noise floor (`{aa}` against `{report.get('aa_of') or report['baseline']}`, the distance an arm that changes "
+            "nothing came out at): "
             + (", ".join(parts) or "n/a") + "."]
 
 
@@ -167,8 +168,10 @@ def _apart(report: Mapping[str, Any]) -> list[str]:
 def _provenance(report: Mapping[str, Any]) -> list[str]:
     lines = []
     if report.get("order"):
-        lines += ["", "Arm order per seed (rotated: a cyclic Latin square): "
-                  + "; ".join(f"{s}: {', '.join(o)}" for s, o in report["order"].items()) + "."]
+        orders = {tuple(o) for o in report["order"].values()}
+        how = ("the same on every seed: **not rotated**, so run order and drift are confounded with the arm"
+               if len(orders) == 1 and len(report["order"]) > 1 else "rotated per seed")
+        lines += ["", f"Arm order per seed ({how}): " + "; ".join(f"{s}: {', '.join(o)}" for s, o in report["order"].items()) + "."]
     commits = report.get("commits") or {}
     if commits:
         by_commit: dict[str, list[str]] = {}

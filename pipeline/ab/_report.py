@@ -279,11 +279,10 @@ def _target_comparisons(per_seed: Mapping[str, Mapping[int, Mapping[str, Any]]],
     return summary, ratios
 
 
-def _floors(comparisons: Mapping[str, Mapping[str, Any]], aa_arm: str | None) -> dict[str, float | None] | None:
-    """The A/A arm's distance from no effect, per comparison figure (None: the study has no A/A arm)."""
-    if aa_arm is None or aa_arm not in comparisons:
+def _floors(aa: Mapping[str, Any] | None) -> dict[str, float | None] | None:
+    """The A/A comparison's distance from no effect, per figure (None: the study has no A/A arm)."""
+    if aa is None:
         return None
-    aa = comparisons[aa_arm]
     return {name: effect_size(aa.get(name), name in RATIOS) for name in (*RATIOS, *DIFFERENCES)}
 
 
@@ -305,12 +304,14 @@ def build_report(
     level: float = 0.95,
     keep_loaded_wall: bool = False,
     aa_arm: str | None = None,
+    aa_of: str | None = None,
     screened_out: Mapping[int, str] | None = None,
     order: Mapping[int, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """Everything report.json holds; `arms`/`seeds` are the plan (missing runs are listed, not invented).
     `stops_at_target` False: the runs went on to their budget (`run.py ab --to-budget`), the target only read
-    off their curves. `aa_arm`: the no-op control arm; `screened_out`: seed -> why it was left out before any
+    off their curves. `aa_arm`: the no-op control arm, a copy of `aa_of` (default the baseline: its floor is its
+comparison to that arm, whatever arm the report is against); `screened_out`: seed -> why it was left out before any
     arm ran; `order`: seed -> the order its arms ran in (recorded as given)."""
     screened_out = dict(screened_out or {})
     kept = [r for r in records if r.seed not in screened_out]
@@ -325,11 +326,17 @@ def build_report(
     target_summary, target_ratios = _target_comparisons(per_seed, baseline, limit, level)
     for arm, extra in target_ratios.items():
         comparisons[arm] |= extra
-    floors = _floors(comparisons, aa_arm)
+    aa_of = aa_of or baseline
+    aa_comparison = None
+    if aa_arm in per_seed and aa_of in per_seed and aa_arm != aa_of:
+        aa_comparison = comparisons[aa_arm] if aa_of == baseline else _comparison(per_seed[aa_of], per_seed[aa_arm], level)
+    floors = _floors(aa_comparison)
     done = {(r.arm, r.seed) for r in records}
     return {
         "baseline": baseline,
         "aa_arm": aa_arm,
+        "aa_of": aa_of if aa_arm else None,
+        "aa_comparison": aa_comparison,
         "noise_floor": floors,
         "resolution": _resolutions(comparisons, floors, aa_arm),
         "order": {str(s): list(o) for s, o in (order or {}).items()},

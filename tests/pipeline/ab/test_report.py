@@ -85,6 +85,11 @@ def test_the_aa_arm_sets_the_noise_floor_and_an_effect_within_it_is_not_resolved
     assert "A/A control arm: `aa`" in text and "Noise floor (`aa` against `base`" in text and "wall ×0.930" in text
     assert "| small | 3 | " in text and "0.950 [0.950, 0.950] (n=3) **not resolved**" in text
     assert "A/A: 0.930" in text
+    # against another baseline the floor is still the A/A arm's distance from the arm it copies
+    other = build_report(records, arms=["base", "aa", "small", "big"], seeds=[0, 1, 2], baseline="big", aa_arm="aa", aa_of="base")
+    assert other["noise_floor"]["wall_ratio"] == pytest.approx(-math.log(0.93))
+    assert other["resolution"]["base"]["wall_ratio"] == "resolved"  # 1 / 0.8 is beyond the floor
+    assert "Noise floor (`aa` against `base`" in report_markdown(other, "s")
 
 
 def test_degenerate_and_screened_seeds_are_reported_apart_and_never_averaged():
