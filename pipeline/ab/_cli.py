@@ -35,6 +35,7 @@ from ._runner import (
     Study,
     check_resumable,
     execute,
+    measure_curve,
     measure_warm_start,
     plan_study,
     read_plan,
@@ -62,8 +63,9 @@ def _study_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-heldout", type=float, help="stop each run at this held-out success and compare time to reach it")
     p.add_argument("--eval-every", type=int, help="held-out evaluation every N updates (with --target-heldout; default 2)")
     p.add_argument("--to-budget", action="store_true",
-                   help="with --target-heldout: take the time to the target from each run's periodic measures but run it on to "
-                        "its budget, so every arm's final held-out figures are at the same budget")
+                   help="with --target-heldout: run every run on to its budget, keep its published weights every --eval-every "
+                        "updates and measure its held-out curve after it ends, off its clock (`run.py curve`); the time to "
+                        "the target is read off that curve")
     p.add_argument("--keep-loaded-wall", action="store_true", help=_KEEP_LOADED)
     p.add_argument("--redo-loaded", type=int, default=0, metavar="N",
                    help="run a run the machine's load flagged (summary machine_loaded) again, at most N times; the loaded "
@@ -112,10 +114,12 @@ def _stop_overrides(args: argparse.Namespace) -> list[str]:
             raise ConfigError(problems)
         return []
     every = 2 if args.eval_every is None else args.eval_every
-    if args.to_budget:  # the target is read off each run's curve, not set as its stop
+    if args.to_budget:  # the target is read off each run's curve, measured after the run, off its clock
         if not 0 <= args.target_heldout <= 1:
             raise ConfigError([f"--target-heldout {args.target_heldout}: run.target_heldout must be in [0, 1]"])
-        return [f"eval.every={every}"]
+        if every < 1:
+            raise ConfigError([f"--eval-every {every}: must be >= 1"])
+        return ["eval.every=0", f"run.keep_weights_every={every}"]
     return [f"run.target_heldout={args.target_heldout}", f"eval.every={every}"]
 
 
@@ -141,9 +145,9 @@ def _study_command(args: argparse.Namespace, load: Loader, command: Sequence[str
         return 0
     write_plan(study, {"aa_arm": aa_arm, "screen": list(screen) if screen else None,
                        "screened_out": {str(s): why for s, why in screened_out.items()}, "budget": budget.name if budget else None, "base_config": args.config, "set": list(args.overrides),
-                       "target_heldout": args.target_heldout, "to_budget": args.to_budget, "keep_loaded_wall": args.keep_loaded_wall,
+                       "target_heldout": args.target_heldout, "to_budget": args.to_budget, "curve_off_clock": args.to_budget, "keep_loaded_wall": args.keep_loaded_wall,
                        "redo_loaded": args.redo_loaded, "argv": sys.argv})
-    return _run_study(study, todo, command, args.redo_loaded)
+    return _run_study(study, todo, command, args.redo_loaded, curve_off_clock=args.to_budget)
 
 
 def with_aa_arm(arms: list[Preset], baseline: str, aa: str | None) -> tuple[list[Preset], str]:
@@ -217,7 +221,7 @@ def _print_plan(study: Study, budget: Preset | None, todo: list[Any]) -> None:
         print(f"[{i}/{len(study.runs)}] {run.name}: {'to run' if run in todo else 'finished'}")
 
 
-def _run_study(study: Study, todo: list[Any], command: Sequence[str], redo_loaded: int = 0) -> int:
+def _run_study(study: Study, todo: list[Any], command: Sequence[str], redo_loaded: int = 0, *, curve_off_clock: bool = False) -> int:
     failed = []
     print(f"A/B study: {len(study.arms)} arms x {len(study.seeds)} seeds, {len(todo)} to run, folder {study.ab_dir}", flush=True)
     try:
@@ -225,6 +229,8 @@ def _run_study(study: Study, todo: list[Any], command: Sequence[str], redo_loade
             folder = study.ab_dir / run.name
             if run not in todo and not to_redo(folder, redo_loaded):
                 print(f"[{i}/{len(study.runs)}] {run.name}: finished earlier, kept", flush=True)
+                if curve_off_clock and not measure_curve(run, study.ab_dir, command):
+                    failed.append(f"{run.name} (its curve)")
                 continue
             while True:
                 if to_redo(folder, redo_loaded):
@@ -244,6 +250,8 @@ def _run_study(study: Study, todo: list[Any], command: Sequence[str], redo_loade
                       flush=True)
                 if not to_redo(folder, redo_loaded):
                     break
+            if curve_off_clock and run.name not in failed and not measure_curve(run, study.ab_dir, command):
+                failed.append(f"{run.name} (its curve)")
             write_report(study.ab_dir)
     except KeyboardInterrupt:
         write_report(study.ab_dir)

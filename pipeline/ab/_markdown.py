@@ -44,8 +44,10 @@ def _headline(report: Mapping[str, Any], title: str) -> list[str]:
     base, aa = report["baseline"], report.get("aa_arm")
     level = report["intervals"]["level"]
     machines = report.get("machines") or {}
-    spans = (f" **This study spans {len(machines['ids'])} machines** ({', '.join(m[:8] for m in machines['ids'])}): "
-             "machine is a factor besides the arm; the arm order rotated per seed spreads it, it does not remove it."
+    rotated = len({tuple(o) for o in (report.get("order") or {}).values()}) > 1
+    spans = (f" **This study spans {len(machines['ids'])} machines** ({', '.join(m if len(m) <= 16 else m[:8] for m in machines['ids'])}): "
+             "machine is a factor besides the arm" + ("; the arm order rotated per seed spreads it, it does not remove it."
+                                                       if rotated else ", and the arms ran in one fixed order.")
              if machines.get("spans_machines") else "")
     return [
         f"# A/B study `{title}`",
@@ -55,7 +57,7 @@ def _headline(report: Mapping[str, Any], title: str) -> list[str]:
         "none (a study made before the A/A arm: no noise floor).") + spans,
         "",
         f"Means over seeds. Ratios to the baseline are geometric means of per-seed ratios, differences are paired per "
-        f"seed, both with {level:.0%} Student-t intervals on the per-seed values [low, high]; n = pairs. "
+        f"seed, both with {level * 100:g} % Student-t intervals on the per-seed values [low, high]; n = pairs. "
         f"Wall clock = {report['wall_clock']}. Held-out before / after on the `{report.get('heldout_range') or 'unnamed'}` "
         f"task range" + (f", periodic measures on `{report['curve_range']}`" if report.get("curve_range") else "") + ".",
     ]
@@ -186,7 +188,7 @@ def _target_table(report: Mapping[str, Any]) -> list[str]:
     """The time-to-target section: seeds reached within the common budget, restricted mean time, ratios."""
     arms, comps, base = report["arms"], report["comparisons"], report["baseline"]
     horizon = report["stop_rule"].get("horizon_s")
-    lines = ["", f"## Time to held-out success ≥ {report['stop_rule']['target']:.0%} "
+    lines = ["", f"## Time to held-out success ≥ {report['stop_rule']['target'] * 100:g} % "
               f"(periodic measures on `{report.get('curve_range') or 'unnamed'}`, stamped when their weights were published)", "",
               f"Every arm is compared at one wall budget, {_num(horizon, '.0f')} s of GRPO (the shortest run's): a seed that "
               "did not reach the target within it is censored there. The restricted mean time counts censored seeds at the "

@@ -38,7 +38,7 @@ from typing import Any
 
 from ._control import degenerate_seeds, effect_size, machines, resolution
 from ._ledger import fate_shares, run_ledger
-from ._runner import finished_summary
+from ._runner import CURVE_FILE, finished_summary
 from ._stats import PairedInterval, mean_sd, paired_difference, paired_ratio
 from ._timing import (
     WALL_KEYS,
@@ -153,6 +153,8 @@ def read_run(arm: str, seed: int, run_dir: Path) -> RunRecord | None:
         return None
     metrics = run_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
+    off_clock = run_dir / CURVE_FILE  # measured after the run, off its clock (`run.py curve`): the same rows
+    rows += [json.loads(line) for line in off_clock.read_text().splitlines() if line.strip()] if off_clock.is_file() else []
     curve, periodic = curve_from(summary, rows)
     config = _json_or_toml(run_dir / "config.toml")
     group_size, max_steps = config.get("rollout", {}).get("group_size"), config.get("env", {}).get("max_steps")

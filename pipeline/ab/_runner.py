@@ -249,3 +249,20 @@ def warm_start_success(stdout: str) -> float | None:
             except ValueError:
                 continue
     return sum(values) / len(values) if values else None
+
+
+CURVE_FILE = "heldout_curve.jsonl"
+"""What `run.py curve` writes in a run folder (pipeline/run/offclock.py): the held-out curve measured off the clock."""
+
+
+def measure_curve(run: PlannedRun, ab_dir: Path, command: Sequence[str]) -> bool:
+    """After the run has ended: `run.py curve <folder>` measures the weights it kept on the curve range, in a child
+    process no timed run overlaps (the next run starts after it). True when the curve is there."""
+    folder = ab_dir / run.name
+    if (folder / CURVE_FILE).is_file():
+        return True
+    with (ab_dir / "logs" / f"{run.name}.curve.log").open("w") as log_file:
+        done = subprocess.run([*command, "curve", str(folder)], stdout=log_file, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        print(f"    its held-out curve failed (exit code {done.returncode}; logs/{run.name}.curve.log)", flush=True)
+    return done.returncode == 0 and (folder / CURVE_FILE).is_file()

@@ -127,7 +127,7 @@ def test_target_rule_compares_time_to_reach_it():
     assert report["stop_rule"] == {"kind": "target_heldout", "target": 0.55, "stops": True, "horizon_s": 50.0}
     assert not any("stopped by" in n for n in report["notes"])
     text = report_markdown(report, "study")
-    assert "Time to held-out success ≥ 55%" in text and "| x | 1/1 | 10.0 (n=1, no interval) | 0.250 (n=1, no interval) |" in text
+    assert "Time to held-out success ≥ 55 %" in text and "| x | 1/1 | 10.0 (n=1, no interval) | 0.250 (n=1, no interval) |" in text
 
 
 def test_every_arm_is_cut_at_the_common_budget_and_a_censored_baseline_gives_no_ratio():

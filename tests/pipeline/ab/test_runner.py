@@ -17,6 +17,13 @@ from pipeline.config import load_config
 FAKE_RUN = textwrap.dedent('''
     import json, os, sys, tomllib
     from pathlib import Path
+    if sys.argv[1] == "curve":  # run.py curve FOLDER: the held-out curve measured after the run
+        folder = Path(sys.argv[2])
+        with open(os.environ["AB_ORDER_LOG"], "a") as f:
+            f.write("curve:" + folder.name + "\\n")
+        row = {"iteration": 3, "wall_s": 4.0, "env_steps": 40, "heldout/mean": 0.6, "measured": "after the run"}
+        (folder / "heldout_curve.jsonl").write_text(json.dumps(row) + "\\n")
+        sys.exit(0)
     config = Path(sys.argv[sys.argv.index("--config") + 1])
     cfg = tomllib.loads(config.read_text())
     name, seed = cfg["run"]["name"], cfg["run"]["seed"]
@@ -217,8 +224,13 @@ def test_to_budget_reads_the_target_off_the_curve_and_lets_every_run_finish_its_
     run, ran, ab_dir = study
     assert run("--target-heldout", "0.5", "--eval-every", "3", "--to-budget") == 0
     cfg = load_config(ab_dir / "configs" / "gated-s1.toml", [])
-    assert (cfg.run.target_heldout, cfg.eval.every) == (0.0, 3)  # no stop: the run goes on to its updates
+    # no stop, no measure in the run: it keeps its weights every 3 updates, measured after it ends
+    assert (cfg.run.target_heldout, cfg.eval.every, cfg.run.keep_weights_every) == (0.0, 0, 3)
+    order = ran()
+    runs = [n for n in order if not n.startswith("curve:")]
+    assert order == [x for n in runs for x in (n, f"curve:{n}")]  # each curve right after its run, before the next run
     report = json.loads((ab_dir / "report.json").read_text())
+    assert report["arms"]["gated"]["per_seed"]["1"]["time_to_target_s"] == 4.0  # read off the off-clock curve
     assert report["stop_rule"] == {"kind": "target_heldout", "target": 0.5, "stops": False, "horizon_s": 5.0}
     assert report["comparisons"]["gated"]["time_to_target_ratio"]["estimate"] == pytest.approx(1.0)
     assert "went on to its budget" in (ab_dir / "report.md").read_text()
