@@ -231,6 +231,7 @@ def _verdict_ab(verdict: Verdict, name: str) -> tuple[dict[str, Any], str]:
                *(["--eval-every", str(verdict.eval_every)] if verdict.eval_every is not None else []),
                *(["--to-budget"] if verdict.to_budget else []),
                *(["--aa-arm", verdict.aa_arm] if verdict.aa_arm else []),
+               *(["--aa-of", verdict.aa_of] if verdict.aa_of else []),
                *(["--screen", f"{verdict.screen[0]}:{verdict.screen[1]}"] if verdict.screen else []),
                "--config", str(config), *(a for s in verdict.overrides() for a in ("--set", s))]
     print(" ".join(command[1:]), file=sys.stderr, flush=True)

@@ -88,13 +88,14 @@ def test_the_study_arms_run_on_the_learn_preset_with_the_target_rule(tmp_path):
             "--config", "configs/learn.toml", "--target-heldout", "0.25", "--eval-every", "1", "--name", "study",
             "--out", str(tmp_path / "runs"), "--set", f'policy.cache_dir="{tmp_path / "cache"}"', "--set", "eval.curve_tasks=4",
             "--set", "gate.k=4", "--set", "gate.checkpoints=[6]",  # the learn arms' K = 10-25 inside the tiny 8-step episodes
-            "--aa-arm", "gate-stall-shadow-learn"]  # the cost study's A/A arm
+            "--aa-arm", "gate-stall-shadow-learn", "--aa-of", "async-grpo"]  # the cost study's A/A arm
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ab_dir = tmp_path / "runs" / "study" / "ab"
     report = json.loads((ab_dir / "report.json").read_text())
     assert {k: v for k, v in report["stop_rule"].items() if k != "horizon_s"} == {"kind": "target_heldout", "target": 0.25, "stops": True}
     assert report["missing"] == [] and set(report["arms"]) == set(STUDY_ARMS) and report["aa_arm"] == "gate-stall-shadow-learn"
+    assert report["aa_of"] == "async-grpo" and "sync-grpo" not in report["resolution"]
     for arm in STUDY_ARMS:
         summary = json.loads((ab_dir / f"{arm}-s0" / "summary.json").read_text())
         figures = report["arms"][arm]["per_seed"]["0"]

@@ -60,6 +60,7 @@ def _study_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", help="arm the others are compared to (default: the first arm)")
     p.add_argument("--aa-arm", help="one of --arms that changes nothing (e.g. a gate in shadow mode): the study's A/A control "
                                     "(default: the baseline run again as <baseline>-aa)")
+    p.add_argument("--aa-of", help="with --aa-arm: the arm it is a no-op copy of, its floor's reference (default: the baseline)")
     p.add_argument("--target-heldout", type=float, help="stop each run at this held-out success and compare time to reach it")
     p.add_argument("--eval-every", type=int, help="held-out evaluation every N updates (with --target-heldout; default 2)")
     p.add_argument("--to-budget", action="store_true",
@@ -127,6 +128,9 @@ def _study_command(args: argparse.Namespace, load: Loader, command: Sequence[str
     arms = find_presets([a.strip() for a in args.arms.split(",") if a.strip()], configs / "arms", "arm")
     baseline = args.baseline or arms[0].name
     arms, aa_arm = with_aa_arm(arms, baseline, args.aa_arm)
+    aa_of = args.aa_of or baseline
+    if args.aa_of is not None and (args.aa_arm is None or aa_of not in {a.name for a in arms} or aa_of == aa_arm):
+        raise ConfigError([f"--aa-of {aa_of!r}: give it with --aa-arm, naming another of the arms"])
     budget = None if args.budget == "none" else find_presets([args.budget], configs / "budgets", "budget")[0]
     seeds = _seeds(args.seeds)
     screen = _screen_bounds(args.screen)
@@ -143,7 +147,7 @@ def _study_command(args: argparse.Namespace, load: Loader, command: Sequence[str
     if args.dry_run:
         _print_plan(study, budget, todo)
         return 0
-    write_plan(study, {"aa_arm": aa_arm, "screen": list(screen) if screen else None,
+    write_plan(study, {"aa_arm": aa_arm, "aa_of": aa_of, "screen": list(screen) if screen else None,
                        "screened_out": {str(s): why for s, why in screened_out.items()}, "budget": budget.name if budget else None, "base_config": args.config, "set": list(args.overrides),
                        "target_heldout": args.target_heldout, "to_budget": args.to_budget, "curve_off_clock": args.to_budget, "keep_loaded_wall": args.keep_loaded_wall,
                        "redo_loaded": args.redo_loaded, "argv": sys.argv})

@@ -204,6 +204,7 @@ eval_every = 2
 to_budget = true
 ranges = {dev = 200, valid = 200, test = 400}
 aa_arm = "gate-stall"
+aa_of = "async-grpo"
 screen = [0.1, 0.7]
 figure = "time to target"
 goal = "gate-stall <= 0.8x"
@@ -228,5 +229,5 @@ def test_an_ab_verdict_passes_its_target_rule_and_redoes_loaded_runs(learn_seeds
     joined = " ".join(command)
     assert "--target-heldout 0.3" in joined and "--eval-every 2" in joined and "--to-budget" in joined
     assert f"--redo-loaded {learn_seeds.REDO_LOADED}" in joined and "--seeds 100,101,102,103,104" in joined
-    assert "--aa-arm gate-stall" in joined and "--screen 0.1:0.7" in joined and "eval.ranges.valid=200" in joined
+    assert "--aa-arm gate-stall --aa-of async-grpo" in joined and "--screen 0.1:0.7" in joined and "eval.ranges.valid=200" in joined
     assert "wrote no report" in path.with_suffix(".result.md").read_text()

@@ -247,6 +247,8 @@ def test_a_named_aa_arm_replaces_the_baseline_copy(study):
     report = json.loads((ab_dir / "report.json").read_text())
     assert report["aa_arm"] == "gated" and report["resolution"] == {}
     assert report["noise_floor"]["wall_ratio"] == pytest.approx(math.log(2))  # the "no-op" arm moved wall 0.5x
+    assert run("--name", "of", "--aa-arm", "plain", "--aa-of", "gated", "--baseline", "plain") == 2  # the baseline is no A/A arm
+    assert run("--name", "of", "--aa-of", "gated") == 2  # --aa-of needs --aa-arm
 
 
 def test_screening_draws_the_next_seed_before_any_arm_runs_and_the_report_names_the_left_out(study, monkeypatch):
