@@ -5,7 +5,8 @@ recorded, marked "estimated". Pure functions.
 The estimate, for records that predate the ledger:
 - trained: `items_trained` (one learner item per env step of a trained group: counted, not estimated);
   with zero-variance groups trained (sync-grpo), the all-fail ones among them are put at group_size x
-  env.max_steps env steps each (a failed episode runs to its step limit) and the rest counted informative;
+  env.max_steps env steps each (a failed episode runs to its step limit), taken out of `items_trained` where the
+  learner kept their zero-advantage items (`learner.keep_zero_advantage_items`), and the rest counted informative;
 - dropped all-fail: `groups_all_fail` dropped groups (when the run dropped zero-variance groups) at
   group_size x env.max_steps env steps each;
 - the rest of `env_steps` (all-succeed drops, cuts, unfinished groups and stale turns: the records do not
@@ -39,7 +40,8 @@ def recorded(summary: Mapping[str, Any]) -> dict[str, Any] | None:
             "idle": dict(ledger["idle"]) if isinstance(ledger.get("idle"), Mapping) else None}
 
 
-def estimated(summary: Mapping[str, Any], group_size: int | None, max_steps: int | None) -> dict[str, Any] | None:
+def estimated(summary: Mapping[str, Any], group_size: int | None, max_steps: int | None,
+              zero_items_counted: bool = True) -> dict[str, Any] | None:
     """The fates rebuilt from the summary's counts (module docstring); None when the counts are missing."""
     steps, tokens, trained = _num(summary.get("env_steps")), _num(summary.get("generated_tokens")), _num(summary.get("items_trained"))
     if steps is None or trained is None or not group_size or not max_steps:
@@ -51,9 +53,10 @@ def estimated(summary: Mapping[str, Any], group_size: int | None, max_steps: int
     trained_groups = _num(summary.get("groups_trained"))
     trained_zero_var_groups = max(0.0, (trained_groups or 0.0) - (informative or 0.0))
     trained_fail = 0.0 if drops_zero_var else min(all_fail, trained_zero_var_groups) * per_fail_group
-    trained_fail = min(trained_fail, trained)
-    dropped_fail = min(all_fail * per_fail_group if drops_zero_var else 0.0, max(0.0, steps - trained))
-    split = {INFORMATIVE: trained - trained_fail, "trained_zero_variance": trained_fail, "dropped_all_fail": dropped_fail}
+    informative_steps = max(0.0, trained - trained_fail) if zero_items_counted else trained
+    trained_fail = min(trained_fail, max(0.0, steps - informative_steps))
+    dropped_fail = min(all_fail * per_fail_group if drops_zero_var else 0.0, max(0.0, steps - informative_steps - trained_fail))
+    split = {INFORMATIVE: informative_steps, "trained_zero_variance": trained_fail, "dropped_all_fail": dropped_fail}
     split[OTHER] = max(0.0, steps - sum(split.values()))
     share = (tokens / steps) if tokens is not None and steps > 0 else None
     fates = {name: {"env_steps": v, "tokens": None if share is None else v * share, "groups": None} for name, v in split.items()}
@@ -64,9 +67,10 @@ def estimated(summary: Mapping[str, Any], group_size: int | None, max_steps: int
             "idle": None}
 
 
-def run_ledger(summary: Mapping[str, Any], group_size: int | None, max_steps: int | None) -> dict[str, Any] | None:
+def run_ledger(summary: Mapping[str, Any], group_size: int | None, max_steps: int | None,
+               zero_items_counted: bool = True) -> dict[str, Any] | None:
     """The recorded ledger, else the estimate."""
-    return recorded(summary) or estimated(summary, group_size, max_steps)
+    return recorded(summary) or estimated(summary, group_size, max_steps, zero_items_counted)
 
 
 def fate_shares(ledger: Mapping[str, Any] | None) -> dict[str, float | None]:

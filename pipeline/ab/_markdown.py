@@ -210,7 +210,7 @@ def _target_table(report: Mapping[str, Any]) -> list[str]:
 
 
 def _target_ratio(value: Mapping[str, Any] | None) -> str:
-    if not value:
+    if not value or value.get("status") == "no pairs":
         return "n/a"
     if value.get("status") == "not reached":
         return f"inconclusive (baseline censored on {value['baseline_censored']} of {value['n_pairs']} seeds)"

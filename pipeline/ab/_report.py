@@ -155,11 +155,15 @@ def read_run(arm: str, seed: int, run_dir: Path) -> RunRecord | None:
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
     off_clock = run_dir / CURVE_FILE  # measured after the run, off its clock (`run.py curve`): the same rows
     rows += [json.loads(line) for line in off_clock.read_text().splitlines() if line.strip()] if off_clock.is_file() else []
+    curve_rows = [r for r in rows if r.get("heldout_range")]
+    if not summary.get("heldout_curve_range") and curve_rows:  # measured off the clock: the rows name the range
+        summary = {**summary, "heldout_curve_range": curve_rows[0]["heldout_range"]}
     curve, periodic = curve_from(summary, rows)
     config = _json_or_toml(run_dir / "config.toml")
     group_size, max_steps = config.get("rollout", {}).get("group_size"), config.get("env", {}).get("max_steps")
+    zero_items = bool(config.get("learner", {}).get("keep_zero_advantage_items", True))
     machine = _json_or_toml(run_dir / "machine.json").get("machine_id")
-    return RunRecord(arm, seed, summary, curve, periodic, run_ledger(summary, group_size, max_steps),
+    return RunRecord(arm, seed, summary, curve, periodic, run_ledger(summary, group_size, max_steps, zero_items),
                      machine if isinstance(machine, str) else None, run_commit(summary, run_dir))
 
 
@@ -264,8 +268,9 @@ def _target_comparisons(per_seed: Mapping[str, Mapping[int, Mapping[str, Any]]],
                         level: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """Per arm: the restricted mean time to target with its interval and seeds reached; per other arm: its ratios
     to the baseline (`time_ratio`: "not reached" where the baseline is censored on a seed)."""
-    if limit is None:
-        return {}, {}
+    if limit is None:  # no run's wall clock counts (all loaded): no time to compare
+        return ({a: {"horizon_s": None, "reached": 0, "n": 0, "estimate": None, "ci_low": None, "ci_high": None} for a in per_seed},
+                {a: {k: {"status": "no pairs", "n_pairs": 0} for k in TARGET_RATIOS} for a in per_seed if a != baseline})
     times = {a: _restricted_times(figs, limit) for a, figs in per_seed.items()}
     summary = {a: restricted_mean(t, limit, level) for a, t in times.items()}
     ratios: dict[str, Any] = {}
@@ -324,8 +329,8 @@ comparison to that arm, whatever arm the report is against); `screened_out`: see
     blocks = {a: _arm_block(rs, target, keep_loaded_wall) for a, rs in by_arm.items()}
     per_seed = {a: {int(s): f for s, f in blocks[a]["per_seed"].items()} for a in arms}
     comparisons = {a: _comparison(per_seed[baseline], per_seed[a], level) for a in arms if a != baseline}
-    limit = horizon([_lookup(r.summary, METRICS["wall_s"]) for r in counted]) if target is not None else None
-    target_summary, target_ratios = _target_comparisons(per_seed, baseline, limit, level)
+    limit = horizon([f.get("wall_s") for figs in per_seed.values() for f in figs.values()]) if target is not None else None
+    target_summary, target_ratios = _target_comparisons(per_seed, baseline, limit, level) if target is not None else ({}, {})
     for arm, extra in target_ratios.items():
         comparisons[arm] |= extra
     aa_of = aa_of or baseline

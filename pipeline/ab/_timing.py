@@ -80,7 +80,8 @@ def load_note(arm: str, seed: int, summary: Mapping[str, Any], kept: bool) -> st
 
 
 def horizon(budgets: Sequence[float | None]) -> float | None:
-    """The common wall budget: the smallest GRPO wall clock among the runs (None: no run recorded one)."""
+    """The common wall budget: the smallest GRPO wall clock among the runs that count (a loaded run's wall clock
+    does not, unless kept; None: no run has one)."""
     known = [b for b in budgets if b is not None]
     return min(known) if known else None
 
@@ -110,7 +111,9 @@ def time_ratio(base: Mapping[int, tuple[float, bool]], arm: Mapping[int, tuple[f
     censored where the baseline reached counts at the horizon: its ratio is then a lower bound (said so)."""
     seeds = sorted(base.keys() & arm.keys())
     censored = [s for s in seeds if not base[s][1]]
-    if not seeds or censored:
+    if not seeds:
+        return {"status": "no pairs", "n_pairs": 0}
+    if censored:
         return {"status": "not reached", "baseline_censored": len(censored), "n_pairs": len(seeds),
                 "censored_seeds": censored}
     ratio = paired_ratio({s: base[s][0] for s in seeds}, {s: arm[s][0] for s in seeds}, level=level)

@@ -172,6 +172,14 @@ def test_env_steps_and_tokens_to_target_are_those_of_the_publication():
     assert comparisons["tokens_to_target_ratio"]["estimate"] == pytest.approx(math.sqrt(0.5 * 1.25))
 
 
+def test_with_every_wall_clock_left_out_there_is_no_time_to_compare():
+    loaded = {"load_1m_mean": 11.0, "cores_available": 2, "other_cpu_cores": 1.4, "machine_loaded": True}
+    records = [_record(a, 0, _summary(100.0, **loaded), [{"wall_s": 40.0, "heldout/mean": 0.6}]) for a in ("base", "x")]
+    report = build_report(records, arms=["base", "x"], seeds=[0], baseline="base", target=0.55)
+    assert report["time_to_target"]["x"]["n"] == 0 and report["comparisons"]["x"]["time_to_target_ratio"]["status"] == "no pairs"
+    assert "| x | 0/0 | n/a | n/a | n/a | n/a |" in report_markdown(report, "s")
+
+
 def test_markdown_says_n_a_for_absent_figures():
     records = [_record("base", 0, _summary(100.0)), _record("x", 0, _summary(90.0))]
     text = report_markdown(build_report(records, arms=["base", "x"], seeds=[0], baseline="base"), "s")
@@ -201,6 +209,10 @@ def test_the_ledger_is_read_when_recorded_and_estimated_from_older_records():
     assert x["ledger"]["fates"]["trained_informative"]["env_steps"] == 500.0
     assert sum(f["env_steps"] for f in x["ledger"]["fates"].values()) == 1000.0
     assert x["env_steps_per_informative_group"] == 250.0
+    # zero-advantage items not kept (the tiny budget): the trained all-fail groups' steps are not in items_trained
+    tiny = estimated({"env_steps": 128, "items_trained": 0, "groups_trained": 4, "groups_trained_informative": 0,
+                      "groups_all_fail": 4, "groups_dropped_zero_variance": 0}, 4, 8, zero_items_counted=False)
+    assert tiny["fates"]["trained_zero_variance"]["env_steps"] == 128.0 and tiny["fates"]["other (not separable)"]["env_steps"] == 0.0
     text = report_markdown(report, "s")
     assert "## Where decoder work went" in text and "| x (estimated) |" in text and "20.0 % / 10.0 % / 70.0 %" in text
 
