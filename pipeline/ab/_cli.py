@@ -1,13 +1,17 @@
 """`run.py ab`: run a study, rebuild its report, list the presets.
 
     python run.py ab [--arms A,B,...] [--seeds 0,1,2] [--budget default] [--config BASE] [--set K=V ...]
-                     [--name NAME] [--out DIR] [--baseline ARM] [--target-heldout X [--eval-every N] [--to-budget]]
+                     [--name NAME] [--out DIR] [--baseline ARM] [--aa-arm ARM] [--target-heldout X [--eval-every N] [--to-budget]]
                      [--keep-loaded-wall] [--redo-loaded N] [--dry-run]
     python run.py ab report RUN_DIR [--baseline ARM] [--keep-loaded-wall]
     python run.py ab list
 
 Exit codes: 0 every run finished, 1 some run failed (the report covers the rest), 2 bad usage or
 configuration (nothing was run), 130 interrupted (finished runs are kept; run the same command to resume).
+
+Every study runs an A/A control arm: the baseline again as `<baseline>-aa` (the same config under another
+name), or the arm `--aa-arm` names (e.g. a gate in shadow mode). Its ratio to the baseline is the study's noise
+floor; the report marks a difference that does not exceed it "not resolved" (pipeline/ab/_control.py).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 from pipeline.config import ConfigError, RunSection
 
+from ._control import aa_name, screen_seeds
 from ._markdown import report_markdown
 from ._plots import write_plots
 from ._presets import Preset, find_presets, list_presets
@@ -30,8 +35,11 @@ from ._runner import (
     Study,
     check_resumable,
     execute,
+    measure_curve,
+    measure_warm_start,
     plan_study,
     read_plan,
+    run_overrides,
     set_aside,
     to_redo,
     write_plan,
@@ -50,15 +58,22 @@ def _study_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="study folder <out>/<name>/ab (default: ab-<budget>)")
     p.add_argument("--out", help="parent of the study folder (default: the base config's run.out)")
     p.add_argument("--baseline", help="arm the others are compared to (default: the first arm)")
+    p.add_argument("--aa-arm", help="one of --arms that changes nothing (e.g. a gate in shadow mode): the study's A/A control "
+                                    "(default: the baseline run again as <baseline>-aa)")
+    p.add_argument("--aa-of", help="with --aa-arm: the arm it is a no-op copy of, its floor's reference (default: the baseline)")
     p.add_argument("--target-heldout", type=float, help="stop each run at this held-out success and compare time to reach it")
     p.add_argument("--eval-every", type=int, help="held-out evaluation every N updates (with --target-heldout; default 2)")
     p.add_argument("--to-budget", action="store_true",
-                   help="with --target-heldout: take the time to the target from each run's periodic measures but run it on to "
-                        "its budget, so every arm's final held-out figures are at the same budget")
+                   help="with --target-heldout: run every run on to its budget, keep its published weights every --eval-every "
+                        "updates and measure its held-out curve after it ends, off its clock (`run.py curve`); the time to "
+                        "the target is read off that curve")
     p.add_argument("--keep-loaded-wall", action="store_true", help=_KEEP_LOADED)
     p.add_argument("--redo-loaded", type=int, default=0, metavar="N",
                    help="run a run the machine's load flagged (summary machine_loaded) again, at most N times; the loaded "
                         "folders are kept as <arm>-s<seed>.loaded-<n> and named in the report (default: 0, kept as they are)")
+    p.add_argument("--screen", metavar="LOW:HIGH",
+                   help="before any arm runs, measure each seed's warm start on dev (run.py pretrain) and keep a seed only if "
+                        "its success is within [LOW, HIGH] (e.g. 0.1:0.7); a seed left out draws the next seed number")
     p.add_argument("--dry-run", action="store_true", help="validate and print the plan, run nothing")
     return p
 
@@ -100,29 +115,98 @@ def _stop_overrides(args: argparse.Namespace) -> list[str]:
             raise ConfigError(problems)
         return []
     every = 2 if args.eval_every is None else args.eval_every
-    if args.to_budget:  # the target is read off each run's curve, not set as its stop
+    if args.to_budget:  # the target is read off each run's curve, measured after the run, off its clock
         if not 0 <= args.target_heldout <= 1:
             raise ConfigError([f"--target-heldout {args.target_heldout}: run.target_heldout must be in [0, 1]"])
-        return [f"eval.every={every}"]
+        if every < 1:
+            raise ConfigError([f"--eval-every {every}: must be >= 1"])
+        return ["eval.every=0", f"run.keep_weights_every={every}"]
     return [f"run.target_heldout={args.target_heldout}", f"eval.every={every}"]
 
 
 def _study_command(args: argparse.Namespace, load: Loader, command: Sequence[str], configs: Path) -> int:
     arms = find_presets([a.strip() for a in args.arms.split(",") if a.strip()], configs / "arms", "arm")
+    baseline = args.baseline or arms[0].name
+    arms, aa_arm = with_aa_arm(arms, baseline, args.aa_arm)
+    aa_of = args.aa_of or baseline
+    if args.aa_of is not None and (args.aa_arm is None or aa_of not in {a.name for a in arms} or aa_of == aa_arm):
+        raise ConfigError([f"--aa-of {aa_of!r}: give it with --aa-arm, naming another of the arms"])
     budget = None if args.budget == "none" else find_presets([args.budget], configs / "budgets", "budget")[0]
     seeds = _seeds(args.seeds)
+    screen = _screen_bounds(args.screen)
     user = [*args.overrides, *_stop_overrides(args)]
     base_out = args.out or _run_out(load, args.config, [*(budget.overrides if budget else ()), *user])
     ab_dir = Path(base_out) / (args.name or f"ab-{args.budget if budget is None else budget.name}") / "ab"
-    study = plan_study(load, args.config, budget, arms, seeds, user, ab_dir, args.baseline or arms[0].name)
+    screened_out: dict[int, str] = {}
+    if screen is not None and not args.dry_run:
+        base_arm = next((a for a in arms if a.name == baseline), arms[0])
+        seeds, screened_out = _screened(load, args.config, [*run_overrides(budget, base_arm, user, 0, ab_dir)[:-4]],
+                                        seeds, screen, ab_dir, command)
+    study = plan_study(load, args.config, budget, arms, seeds, user, ab_dir, baseline)
     todo = check_resumable(study)
     if args.dry_run:
         _print_plan(study, budget, todo)
         return 0
-    write_plan(study, {"budget": budget.name if budget else None, "base_config": args.config, "set": list(args.overrides),
-                       "target_heldout": args.target_heldout, "to_budget": args.to_budget, "keep_loaded_wall": args.keep_loaded_wall,
+    write_plan(study, {"aa_arm": aa_arm, "aa_of": aa_of, "screen": list(screen) if screen else None,
+                       "screened_out": {str(s): why for s, why in screened_out.items()}, "budget": budget.name if budget else None, "base_config": args.config, "set": list(args.overrides),
+                       "target_heldout": args.target_heldout, "to_budget": args.to_budget, "curve_off_clock": args.to_budget, "keep_loaded_wall": args.keep_loaded_wall,
                        "redo_loaded": args.redo_loaded, "argv": sys.argv})
-    return _run_study(study, todo, command, args.redo_loaded)
+    return _run_study(study, todo, command, args.redo_loaded, curve_off_clock=args.to_budget)
+
+
+def with_aa_arm(arms: list[Preset], baseline: str, aa: str | None) -> tuple[list[Preset], str]:
+    """The arms with the study's A/A control: `aa` when it names one of them, else the baseline again as
+    `<baseline>-aa` (same overrides), placed right after the baseline."""
+    names = [a.name for a in arms]
+    if aa is not None:
+        problems = [f"--aa-arm {aa!r} is not one of the arms ({', '.join(names)})"] if aa not in names else []
+        problems += [f"--aa-arm {aa!r} is the baseline: the A/A arm is compared to it"] if aa == baseline else []
+        if problems:
+            raise ConfigError(problems)
+        return arms, aa
+    base = next((a for a in arms if a.name == baseline), None)
+    if base is None:  # plan_study reports it with the other problems
+        return arms, aa_name(baseline)
+    if aa_name(baseline) in names:
+        return arms, aa_name(baseline)
+    clone = Preset(aa_name(baseline), base.path, base.overrides,
+                   f"A/A control: {baseline} run again under another name, the study's noise floor")
+    at = names.index(baseline) + 1
+    return [*arms[:at], clone, *arms[at:]], clone.name
+
+
+def _screen_bounds(text: str | None) -> tuple[float, float] | None:
+    if text is None:
+        return None
+    try:
+        low, high = (float(v) for v in text.split(":"))
+    except ValueError:
+        raise ConfigError([f"--screen {text!r}: expected LOW:HIGH, e.g. 0.1:0.7"]) from None
+    if not 0 <= low <= high <= 1:
+        raise ConfigError([f"--screen {text!r}: need 0 <= LOW <= HIGH <= 1"])
+    return low, high
+
+
+def _screened(load: Loader, base: str | None, overrides: list[str], seeds: list[int], screen: tuple[float, float],
+              ab_dir: Path, command: Sequence[str]) -> tuple[list[int], dict[int, str]]:
+    """The study's seeds after the screening rule (`_control.screen_seeds`), measured once: a resumed study reads
+    the measures kept in screening.json."""
+    cache_path = ab_dir / "screening.json"
+    cache = {int(k): v for k, v in json.loads(cache_path.read_text()).items()} if cache_path.is_file() else {}
+
+    def measure(seed: int) -> float | None:
+        if seed not in cache:
+            print(f"screening seed {seed}: its warm start on dev", flush=True)
+            cache[seed] = measure_warm_start(load, base, overrides, seed, ab_dir, command)
+            cache_path.write_text(json.dumps({str(k): v for k, v in cache.items()}, indent=2) + "\n")
+        return cache[seed]
+
+    candidates = [*seeds, *range(max(seeds) + 1, max(seeds) + 1 + 4 * len(seeds))]
+    kept, out = screen_seeds(candidates, len(seeds), measure, *screen)
+    if len(kept) < len(seeds):
+        raise ConfigError([f"--screen: only {len(kept)} of {len(candidates)} seeds tried passed ({', '.join(map(str, kept))}); "
+                           "widen the rule or give other seeds"])
+    return kept, out
 
 
 def _run_out(load: Loader, base: str | None, overrides: list[str]) -> str:
@@ -141,7 +225,7 @@ def _print_plan(study: Study, budget: Preset | None, todo: list[Any]) -> None:
         print(f"[{i}/{len(study.runs)}] {run.name}: {'to run' if run in todo else 'finished'}")
 
 
-def _run_study(study: Study, todo: list[Any], command: Sequence[str], redo_loaded: int = 0) -> int:
+def _run_study(study: Study, todo: list[Any], command: Sequence[str], redo_loaded: int = 0, *, curve_off_clock: bool = False) -> int:
     failed = []
     print(f"A/B study: {len(study.arms)} arms x {len(study.seeds)} seeds, {len(todo)} to run, folder {study.ab_dir}", flush=True)
     try:
@@ -149,6 +233,8 @@ def _run_study(study: Study, todo: list[Any], command: Sequence[str], redo_loade
             folder = study.ab_dir / run.name
             if run not in todo and not to_redo(folder, redo_loaded):
                 print(f"[{i}/{len(study.runs)}] {run.name}: finished earlier, kept", flush=True)
+                if curve_off_clock and not measure_curve(run, study.ab_dir, command):
+                    failed.append(f"{run.name} (its curve)")
                 continue
             while True:
                 if to_redo(folder, redo_loaded):
@@ -168,6 +254,8 @@ def _run_study(study: Study, todo: list[Any], command: Sequence[str], redo_loade
                       flush=True)
                 if not to_redo(folder, redo_loaded):
                     break
+            if curve_off_clock and run.name not in failed and not measure_curve(run, study.ab_dir, command):
+                failed.append(f"{run.name} (its curve)")
             write_report(study.ab_dir)
     except KeyboardInterrupt:
         write_report(study.ab_dir)
@@ -191,16 +279,20 @@ def write_report(ab_dir: Path, baseline: str | None = None, keep_loaded_wall: bo
     if baseline not in arms:
         raise ConfigError([f"baseline {baseline!r} is not one of the study's arms ({', '.join(arms)})"])
     records = [r for a in arms for s in seeds if (r := read_run(a, s, ab_dir / f"{a}-s{s}")) is not None]
+    screened = {int(s): str(why) for s, why in plan.get("screened_out", {}).items()}
+    order = {int(s): o for s, o in plan.get("order", {}).items()}
     report = build_report(records, arms=arms, seeds=seeds, baseline=baseline, target=plan.get("target_heldout"),
-                          stops_at_target=not plan.get("to_budget", False), keep_loaded_wall=keep)
+                          stops_at_target=not plan.get("to_budget", False), keep_loaded_wall=keep,
+                          aa_arm=plan.get("aa_arm"), aa_of=plan.get("aa_of"), screened_out=screened, order=order)
     report["loaded_runs_set_aside"] = sorted(p.name for p in ab_dir.glob("*.loaded-*") if p.is_dir())
     if report["loaded_runs_set_aside"]:
         report["notes"].append("runs the machine's load flagged, set aside and run again (kept, not counted): "
                                + ", ".join(report["loaded_runs_set_aside"]))
-    report["plots"] = write_plots(ab_dir, {a: {r.seed: r.curve for r in records if r.arm == a} for a in arms}, report)
+    counted = {int(s) for b in report["arms"].values() for s in b["seeds"]}
+    report["plots"] = write_plots(ab_dir, {a: {r.seed: r.curve for r in records if r.arm == a and r.seed in counted} for a in arms}, report)
     if not report["plots"]:
         report["notes"].append("no plots: matplotlib is not installed (pip install rollcut[plot])")
-    report["study"] = {k: plan.get(k) for k in ("budget", "base_config", "set", "seeds")} | {
+    report["study"] = {k: plan.get(k) for k in ("budget", "base_config", "set", "seeds", "screening")} | {
         "arms": {a["name"]: a["overrides"] for a in plan["arms"]}}
     (ab_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (ab_dir / "report.md").write_text(report_markdown(report, ab_dir.parent.name))

@@ -4,7 +4,7 @@
                         measurement), shaded min..max, dots at the measurements
     curves_by_seed.png  the same, one panel per seed (two or more seeds): every arm's own curve, where the mean's band
                         would hide a seed unlike the others (one that never learns spans the whole band)
-    wall_ratio.png      each arm's wall clock x the baseline's, with its paired bootstrap interval
+    wall_ratio.png      each arm's wall clock x the baseline's, geometric mean of per-seed ratios with its Student-t interval
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from ._report import CurvePoint
-from ._stats import MIN_BOOTSTRAP_SEEDS
 
 
 def step_values(curve: Sequence[CurvePoint], grid: np.ndarray) -> np.ndarray:
@@ -114,10 +113,11 @@ def _ratio_png(figure: Any, path: Path, report: Mapping[str, Any]) -> None:
     fig = figure(figsize=(7, 1.2 + 0.45 * max(1, len(rows))), layout="constrained")
     ax = fig.subplots()
     for y, (_arm, r) in enumerate(rows):
-        ax.errorbar(r["estimate"], y, xerr=[[r["estimate"] - r["ci_low"]], [r["ci_high"] - r["estimate"]]], fmt="o", capsize=4)
+        low, high = (r["ci_low"], r["ci_high"]) if r.get("ci_low") is not None else (r["estimate"], r["estimate"])
+        ax.errorbar(r["estimate"], y, xerr=[[r["estimate"] - low], [high - r["estimate"]]], fmt="o", capsize=4)
     ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
     ax.set_yticks(range(len(rows)), [f"{arm} (n={r['n_pairs']})" for arm, r in rows])
-    ax.set_xlabel(f"wall clock × {report['baseline']} (bars: range over seeds below {MIN_BOOTSTRAP_SEEDS} seeds, "
-                  f"else {report['bootstrap']['level']:.0%} paired bootstrap CI)")
+    ax.set_xlabel(f"wall clock × {report['baseline']}: geometric mean of per-seed ratios "
+                  f"(bars: {report['intervals']['level']:.0%} Student-t interval)")
     ax.grid(axis="x", alpha=0.3)
     fig.savefig(path, dpi=110)

@@ -10,7 +10,8 @@
 A run is a child process (`run.py --config configs/<arm>-s<seed>.toml`): memory, threads and torch state
 never leak from one arm into the next, and a run folder with a `summary.json` that does not say it was
 interrupted (`finished_summary`) is a finished run, which is all resuming needs. Seeds are the outer loop, so
-slow drift of a shared machine hits every arm alike.
+slow drift of a shared machine hits every arm alike, and the arms' order rotates from seed to seed (a cyclic
+Latin square, recorded in plan.json as `order`) so no arm always runs first or last.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 from pipeline.config import ConfigError, RunConfig, dump_toml
 
+from ._control import rotated_order
 from ._presets import Preset, toml_value
 
 Loader = Callable[[str | Path | None, Sequence[str]], RunConfig]
@@ -57,8 +59,10 @@ class Study:
 
 
 def interleave(arms: Sequence[str], seeds: Sequence[int]) -> list[tuple[str, int]]:
-    """Seed-major order: seed 0 of every arm, then seed 1 of every arm, ..."""
-    return [(arm, seed) for seed in seeds for arm in arms]
+    """Seed-major order, the arms rotated per seed (`_control.rotated_order`: a cyclic Latin square): seed 0 runs
+    a, b, c; seed 1 runs b, c, a; ..."""
+    order = rotated_order(arms, seeds)
+    return [(arm, seed) for seed in seeds for arm in order[seed]]
 
 
 def run_overrides(budget: Preset | None, arm: Preset, user: Sequence[str], seed: int, ab_dir: Path) -> list[str]:
@@ -207,6 +211,7 @@ def write_plan(study: Study, meta: dict[str, Any]) -> None:
         "arms": [{"name": a.name, "file": str(a.path), "overrides": list(a.overrides), "description": a.description} for a in study.arms],
         "seeds": study.seeds,
         "baseline": study.baseline,
+        "order": {str(s): o for s, o in rotated_order([a.name for a in study.arms], study.seeds).items()},
         **meta,
     }
     (study.ab_dir / "plan.json").write_text(json.dumps(plan, indent=2) + "\n")
@@ -217,3 +222,47 @@ def read_plan(ab_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError([f"{ab_dir}: no plan.json (not a study folder made by `run.py ab`)"])
     return json.loads(path.read_text())
+
+
+def measure_warm_start(load: Loader, base: str | None, overrides: Sequence[str], seed: int, ab_dir: Path,
+                       command: Sequence[str]) -> float | None:
+    """The seed's warm start's held-out success on `dev` (mean over the splits), measured by `run.py pretrain` in a
+    child process before any arm runs (the warm start is cached for the runs); None when it could not be measured."""
+    cfg = load(base, [*overrides, f"run.seed={seed}", 'eval.range="dev"', "run.progress=false"])
+    folder = ab_dir / "screening"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"s{seed}.toml"
+    path.write_text(dump_toml(cfg))
+    done = subprocess.run([*command, "pretrain", "--config", str(path)], capture_output=True, text=True)
+    (folder / f"s{seed}.log").write_text(done.stdout + done.stderr)
+    return warm_start_success(done.stdout) if done.returncode == 0 else None
+
+
+def warm_start_success(stdout: str) -> float | None:
+    """Mean success over the splits `run.py pretrain` printed ("<split>: success 31.5% over 200 tasks ...")."""
+    values = []
+    for line in stdout.splitlines():
+        head, sep, rest = line.partition(": success ")
+        if sep and head.strip() and "%" in rest:
+            try:
+                values.append(float(rest.split("%")[0]) / 100)
+            except ValueError:
+                continue
+    return sum(values) / len(values) if values else None
+
+
+CURVE_FILE = "heldout_curve.jsonl"
+"""What `run.py curve` writes in a run folder (pipeline/run/offclock.py): the held-out curve measured off the clock."""
+
+
+def measure_curve(run: PlannedRun, ab_dir: Path, command: Sequence[str]) -> bool:
+    """After the run has ended: `run.py curve <folder>` measures the weights it kept on the curve range, in a child
+    process no timed run overlaps (the next run starts after it). True when the curve is there."""
+    folder = ab_dir / run.name
+    if (folder / CURVE_FILE).is_file():
+        return True
+    with (ab_dir / "logs" / f"{run.name}.curve.log").open("w") as log_file:
+        done = subprocess.run([*command, "curve", str(folder)], stdout=log_file, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        print(f"    its held-out curve failed (exit code {done.returncode}; logs/{run.name}.curve.log)", flush=True)
+    return done.returncode == 0 and (folder / CURVE_FILE).is_file()

@@ -3,10 +3,14 @@
 Time to target is the GRPO wall second at which the weights of the first periodic held-out measure at or
 above the target were *published* (metrics.jsonl stamps each `heldout/...` row so: `pipeline/run/heldout.py`),
 read from the periodic measures only — the ones the stop rule watches (`eval.curve_range`, valid by default),
-never the before / after measure of another task range. A run that never reached the target is *censored*
-at its budget: its time counts as the GRPO wall clock it ran (a lower bound on its true time), it is counted
-and shown, never dropped; a ratio of such times is then a bound too, and the report says how many seeds were
-censored in each arm.
+never the before / after measure of another task range. A run that never reached the target is *censored*.
+
+Every arm is compared at one common wall budget, the horizon: the smallest GRPO wall clock any run of the
+study had (no run was watched longer than that, so a target reached later counts as not reached). Per arm the
+report gives how many seeds reached the target within it and the *restricted mean time to target*: the mean
+over seeds of min(time, horizon), a censored seed counting at the horizon, with its Student-t interval.
+A ratio of times to the baseline's is a number only when the baseline reached the target on every paired
+seed; else it is "not reached" (with a censored baseline it bounds nothing).
 
 A run whose summary flags a loaded machine (`machine_loaded`: its mean 1-minute load above the cores
 available to it while other processes took >= a tenth of them; `pipeline/machine_load.py`) has its wall
@@ -21,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pipeline.machine_load import is_loaded
+
+from ._stats import paired_ratio, t_interval
 
 WALL_KEYS = ("wall_s", "job_wall_s", "time_to_target_s")
 """Report figures that are wall clocks (a loaded machine's are left out)."""
@@ -71,3 +77,46 @@ def load_note(arm: str, seed: int, summary: Mapping[str, Any], kept: bool) -> st
     told = ("kept in wall means and ratios (--keep-loaded-wall)" if kept else
             "left out of wall means and ratios (--keep-loaded-wall keeps it); its env steps, tokens and held-out figures stay in")
     return f"{arm} seed {seed} ran on a loaded machine (mean 1-minute load {load:.2f} on {cores} cores{others}): its wall clock is {told}"
+
+
+def horizon(budgets: Sequence[float | None]) -> float | None:
+    """The common wall budget: the smallest GRPO wall clock among the runs that count (a loaded run's wall clock
+    does not, unless kept; None: no run has one)."""
+    known = [b for b in budgets if b is not None]
+    return min(known) if known else None
+
+
+def restricted(reached: TimeToTarget | None, limit: float) -> tuple[float, bool] | None:
+    """(min(time, limit), reached within the limit); None when the run's time is unknown."""
+    if reached is None:
+        return None
+    within = reached.reached and reached.seconds <= limit
+    return (reached.seconds if within else limit), within
+
+
+def restricted_mean(times: Mapping[int, tuple[float, bool]], limit: float, level: float = 0.95) -> dict[str, Any]:
+    """The restricted mean time to target over seeds (censored ones at `limit`), its Student-t interval, and how
+    many seeds reached the target within `limit`."""
+    if not times:
+        return {"horizon_s": limit, "reached": 0, "n": 0, "estimate": None, "ci_low": None, "ci_high": None}
+    mean, low, high = t_interval([t for t, _ in times.values()], level)
+    return {"horizon_s": limit, "reached": sum(1 for _, r in times.values() if r), "n": len(times),
+            "estimate": mean, "ci_low": low, "ci_high": high}
+
+
+def time_ratio(base: Mapping[int, tuple[float, bool]], arm: Mapping[int, tuple[float, bool]],
+               level: float = 0.95) -> dict[str, Any]:
+    """Geometric mean over paired seeds of arm time / baseline time, or "not reached" when the baseline is
+    censored on any paired seed (then the ratio is no bound: the baseline's true time is unknown). An arm
+    censored where the baseline reached counts at the horizon: its ratio is then a lower bound (said so)."""
+    seeds = sorted(base.keys() & arm.keys())
+    censored = [s for s in seeds if not base[s][1]]
+    if not seeds:
+        return {"status": "no pairs", "n_pairs": 0}
+    if censored:
+        return {"status": "not reached", "baseline_censored": len(censored), "n_pairs": len(seeds),
+                "censored_seeds": censored}
+    ratio = paired_ratio({s: base[s][0] for s in seeds}, {s: arm[s][0] for s in seeds}, level=level)
+    arm_censored = [s for s in seeds if not arm[s][1]]
+    return {"status": "lower bound" if arm_censored else "ratio", "arm_censored": len(arm_censored),
+            **(ratio.to_json() if ratio is not None else {"estimate": None, "n_pairs": len(seeds)})}

@@ -46,16 +46,17 @@ def test_report_gives_a_row_per_seed_and_the_mean_rise(learn_seeds, tmp_path: Pa
     text = learn_seeds.report(folders)
     assert "| 0 | 20.0 → 32.0 | 18.0 → 30.0 | 19.0 → 31.0 | 12.0 | 8: 32.0 | 1700 | 1500 | n/a | 1000 | 40 |" in text
     assert "| 2 | 20.0 → 26.0 | 20.0 → 26.0 | 20.0 → 26.0 | 6.0 | none |" in text
-    assert "Mean rise over seeds [0, 1, 2]: +9.3 pp (range over 3 seeds: [+6.0, +12.0])" in text
-    assert "95" not in text and "bootstrap" not in text  # three seeds give a range, never a 95 % interval
+    # rises 12, 10, 6: mean 9.33, sd 3.06, t(0.975, 2) = 4.303: +-7.6
+    assert "Mean rise over seeds [0, 1, 2]: +9.3 pp (95 % Student-t interval, n = 3: [+1.7, +16.9])" in text
+    assert "bootstrap" not in text
 
 
-def test_five_seeds_get_a_paired_bootstrap_interval_with_its_n(learn_seeds, tmp_path: Path) -> None:
+def test_five_seeds_get_a_student_t_interval_with_its_n(learn_seeds, tmp_path: Path) -> None:
     rises = [(0.20, 0.30), (0.22, 0.30), (0.20, 0.26), (0.18, 0.30), (0.25, 0.29)]
     text = learn_seeds.report([_run_folder(tmp_path, s, (b, b), (a, a)) for s, (b, a) in enumerate(rises)])
-    assert "(95 % paired bootstrap interval, n = 5: [" in text
+    assert "(95 % Student-t interval, n = 5: [" in text
     low, high = text.split("n = 5: [")[1].split("]")[0].split(", ")
-    assert 4.0 <= float(low) <= float(high) <= 12.0
+    assert 3.0 <= float(low) <= float(high) <= 12.0
 
 
 def test_reruns_of_a_seed_count_once_and_show_their_spread(learn_seeds, tmp_path: Path) -> None:
@@ -65,7 +66,7 @@ def test_reruns_of_a_seed_count_once_and_show_their_spread(learn_seeds, tmp_path
         _run_folder(tmp_path, 1, (0.20, 0.20), (0.30, 0.30), name="learn-s1-2"),  # seed 1 again: +10
     ]
     text = learn_seeds.report(folders)
-    assert "Mean rise over seeds [0, 1]: +9.0 pp (range over 2 seeds: [+8.0, +10.0])" in text  # seed 1 = its mean, +8
+    assert "Mean rise over seeds [0, 1]: +9.0 pp (95 % Student-t interval, n = 2: [" in text  # seed 1 = its mean, +8
     assert "Reruns of seed 1: 2 runs, rise +6.0 / +10.0 pp (spread 4.0 pp; the seed counts once, as their mean)." in text
 
 
@@ -80,6 +81,7 @@ VERDICT = """kind = "seeds"
 config = "default"
 set = ["eval.tasks=4", 'run.out="{out}"']
 seeds = [100, 101]
+ranges = {{dev = 200, valid = 200, test = 400}}
 figure = "the rise"
 goal = "+10 on each seed"
 """
@@ -107,9 +109,11 @@ def test_a_verdict_runs_exactly_its_file_and_writes_its_result_beside_it(learn_s
     monkeypatch.setattr(learn_seeds, "declared_commit", lambda p: "c" * 40)
     assert learn_seeds.run_verdict(path) == 0
     assert all('eval.range="test"' in c and "eval.tasks=4" in c for c in commands)  # the file's overrides, the test range
+    assert all("eval.ranges.test=400" in c for c in commands)  # the pinned task ranges
     assert all(c[c.index("--config") + 1].endswith("configs/default.toml") for c in commands)  # "default": the default run
     result = json.loads(path.with_suffix(".result.json").read_text())
     assert result["declared_commit"] == "c" * 40 and result["failed_seeds"] == {"101": 1}
+    assert result["run_commits"] == {"100": None}  # this run folder records no commit: said, not guessed
     assert result["per_seed"]["100"]["heldout_success_after"] == pytest.approx(0.3)
     text = path.with_suffix(".result.md").read_text()
     assert "* **Goal:** +10 on each seed" in text and "Failed seeds (exit code): 101 (1)." in text
@@ -121,6 +125,13 @@ def test_a_verdict_not_committed_as_it_stands_is_refused(learn_seeds, tmp_path: 
     monkeypatch.setattr(learn_seeds, "declared_commit", lambda p: None)
     assert learn_seeds.run_verdict(path) == 2
     assert not path.with_suffix(".result.md").exists()
+
+
+def test_a_verdict_that_does_not_pin_its_task_ranges_is_refused(learn_seeds, tmp_path: Path, monkeypatch, capsys) -> None:
+    path = _verdict(tmp_path, VERDICT.format(out=tmp_path / "runs").replace("ranges = {dev = 200, valid = 200, test = 400}\n", ""))
+    monkeypatch.setattr(learn_seeds, "declared_commit", lambda p: "c" * 40)
+    assert learn_seeds.run_verdict(path) == 2
+    assert "does not pin ranges (eval.ranges" in capsys.readouterr().err
 
 
 def test_an_interrupted_seed_is_set_aside_and_run_again_a_finished_one_is_kept(learn_seeds, tmp_path: Path, monkeypatch) -> None:
@@ -191,6 +202,10 @@ budget = "tiny"
 target_heldout = 0.3
 eval_every = 2
 to_budget = true
+ranges = {dev = 200, valid = 200, test = 400}
+aa_arm = "gate-stall"
+aa_of = "async-grpo"
+screen = [0.1, 0.7]
 figure = "time to target"
 goal = "gate-stall <= 0.8x"
 """
@@ -214,4 +229,5 @@ def test_an_ab_verdict_passes_its_target_rule_and_redoes_loaded_runs(learn_seeds
     joined = " ".join(command)
     assert "--target-heldout 0.3" in joined and "--eval-every 2" in joined and "--to-budget" in joined
     assert f"--redo-loaded {learn_seeds.REDO_LOADED}" in joined and "--seeds 100,101,102,103,104" in joined
+    assert "--aa-arm gate-stall --aa-of async-grpo" in joined and "--screen 0.1:0.7" in joined and "eval.ranges.valid=200" in joined
     assert "wrote no report" in path.with_suffix(".result.md").read_text()

@@ -60,3 +60,20 @@ def test_a_verdict_is_declared_only_when_committed_as_it_stands(tmp_path):
     assert commit is not None and len(commit) == 40
     path.write_text("seeds = [101]\n")
     assert declared_commit(path) is None  # changed after it was declared
+
+
+def test_a_verdict_pins_its_task_ranges_and_checks_its_control_arm_and_screen(tmp_path):
+    path = tmp_path / "v.toml"
+    path.write_text('kind = "ab"\nseeds = [100]\nfigure = "f"\ngoal = "g"\narms = ["a", "b"]\nbudget = "tiny"\n'
+                    'aa_arm = "c"\nscreen = [0.7, 0.1]\nset = ["eval.ranges.test=300"]\n')
+    with pytest.raises(ConfigError) as info:
+        load_verdict(path)
+    text = str(info.value)
+    assert "aa_arm 'c' is not one of the arms" in text and "screen = [0.7, 0.1]" in text and "pin the task ranges" in text
+    path.write_text('kind = "ab"\nseeds = [100]\nfigure = "f"\ngoal = "g"\narms = ["a", "b"]\nbudget = "tiny"\n'
+                    'ranges = {dev = 200, valid = 200, test = 400}\n')
+    verdict = load_verdict(path)
+    assert verdict.unpinned() == [] and "eval.ranges.dev=200" in verdict.overrides()
+    assert verdict.overrides()[-2:] == ['eval.range="test"', 'eval.verdict="v"']
+    path.write_text('kind = "seeds"\nseeds = [100]\nfigure = "f"\ngoal = "g"\n')
+    assert load_verdict(path).unpinned() != []

@@ -5,7 +5,7 @@ from pipeline.ab._markdown import report_markdown
 from pipeline.ab._plots import step_values, write_plots
 from pipeline.ab._report import CurvePoint
 
-_REPORT = {"baseline": "a", "comparisons": {}, "bootstrap": {"level": 0.95}}
+_REPORT = {"baseline": "a", "comparisons": {}, "intervals": {"level": 0.95}}
 
 
 def _curve(*points: tuple[float, float]) -> list[CurvePoint]:
@@ -39,7 +39,7 @@ def test_no_curves_no_curve_plots(tmp_path):
 def test_the_report_names_only_the_plots_written():
     report = {"baseline": "a", "arms": {}, "comparisons": {}, "notes": [], "missing": [], "stop_rule": {"kind": "budget"},
               "heldout_range": "test", "curve_range": "valid", "wall_clock": "GRPO phase",
-              "bootstrap": {"level": 0.95}}
+              "intervals": {"level": 0.95}}
     assert "Plots:" not in report_markdown(report | {"plots": []}, "s")  # no matplotlib: the notes say so instead
     text = report_markdown(report | {"plots": ["curves.png", "curves_by_seed.png"]}, "s")
     assert "`curves_by_seed.png` (the same, one panel per seed)" in text

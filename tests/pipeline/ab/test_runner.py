@@ -2,22 +2,37 @@
 resume, unfinished folders, failures, changed configs. The real pipeline runs in test_run_ab_integration."""
 
 import json
+import math
 import sys
 import textwrap
 
 import pytest
 
 from pipeline.ab import main, write_report
+from pipeline.ab._control import screen_seeds
 from pipeline.ab._presets import find_presets
-from pipeline.ab._runner import interleave, plan_study
+from pipeline.ab._runner import interleave, plan_study, warm_start_success
 from pipeline.config import load_config
 
 FAKE_RUN = textwrap.dedent('''
     import json, os, sys, tomllib
     from pathlib import Path
+    if sys.argv[1] == "curve":  # run.py curve FOLDER: the held-out curve measured after the run
+        folder = Path(sys.argv[2])
+        with open(os.environ["AB_ORDER_LOG"], "a") as f:
+            f.write("curve:" + folder.name + "\\n")
+        row = {"iteration": 3, "wall_s": 4.0, "env_steps": 40, "heldout/mean": 0.6, "measured": "after the run"}
+        (folder / "heldout_curve.jsonl").write_text(json.dumps(row) + "\\n")
+        sys.exit(0)
     config = Path(sys.argv[sys.argv.index("--config") + 1])
     cfg = tomllib.loads(config.read_text())
     name, seed = cfg["run"]["name"], cfg["run"]["seed"]
+    if "pretrain" in sys.argv:  # the screening measure: AB_WARM "seed:success,..."
+        warm = dict(item.split(":") for item in os.environ.get("AB_WARM", "").split(",") if item)
+        assert cfg["eval"]["range"] == "dev"
+        print(f"heldout_seen: success {100 * float(warm[str(seed)]):.1f}% over 4 tasks of the dev range ()")
+        print(f"heldout_unseen: success {100 * float(warm[str(seed)]):.1f}% over 4 tasks of the dev range ()")
+        sys.exit(0)
     with open(os.environ["AB_ORDER_LOG"], "a") as f:
         f.write(name + "\\n")
     folder = Path(cfg["run"]["out"]) / name
@@ -68,16 +83,26 @@ def study(tmp_path, monkeypatch):
     return run, ran, tmp_path / "runs" / "ab-small" / "ab"
 
 
-def test_interleave_is_seed_major():
-    assert interleave(["a", "b"], [0, 1]) == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
+def test_interleave_is_seed_major_and_rotates_the_arms_per_seed():
+    assert interleave(["a", "b"], [0, 1]) == [("a", 0), ("b", 0), ("b", 1), ("a", 1)]
+    # a cyclic Latin square: over three seeds every arm runs first, second and third once
+    order = interleave(["a", "b", "c"], [5, 6, 7])
+    positions = {arm: sorted(i % 3 for i, (a, _s) in enumerate(order) if a == arm) for arm in "abc"}
+    assert positions == {"a": [0, 1, 2], "b": [0, 1, 2], "c": [0, 1, 2]}
 
 
 def test_runs_interleaved_then_resumes_without_rerunning(study):
     run, ran, ab_dir = study
     assert run() == 0
-    assert ran() == ["plain-s0", "gated-s0", "plain-s1", "gated-s1"]
+    assert ran() == ["plain-s0", "plain-aa-s0", "gated-s0", "plain-aa-s1", "gated-s1", "plain-s1"]
     report = json.loads((ab_dir / "report.json").read_text())
-    assert report["baseline"] == "plain"
+    assert report["baseline"] == "plain" and report["aa_arm"] == "plain-aa"
+    plan = json.loads((ab_dir / "plan.json").read_text())
+    assert plan["order"] == {"0": ["plain", "plain-aa", "gated"], "1": ["plain-aa", "gated", "plain"]}
+    assert report["order"] == plan["order"] and plan["aa_arm"] == "plain-aa"
+    assert report["noise_floor"]["wall_ratio"] == pytest.approx(0.0)  # the fake run's A/A arm is the baseline exactly
+    assert report["resolution"]["gated"]["wall_ratio"] == "resolved" and "plain-aa" not in report["resolution"]
+    assert "A/A control arm: `plain-aa`" in (ab_dir / "report.md").read_text()
     assert report["comparisons"]["gated"]["wall_ratio"]["estimate"] == pytest.approx(0.5)
     assert report["comparisons"]["gated"]["wall_ratio"]["seeds"] == [0, 1]
     assert report["missing"] == []
@@ -118,7 +143,7 @@ def test_a_run_the_load_flagged_is_redone_at_most_n_times_and_set_aside(study, m
     run, ran, ab_dir = study
     monkeypatch.setenv("AB_LOADED", "plain-s0:1,gated-s1:5")  # plain-s0 loaded once; gated-s1 every time
     assert run("--redo-loaded", "2") == 0
-    assert ran() == ["plain-s0", "plain-s0", "gated-s0", "plain-s1", "gated-s1", "gated-s1", "gated-s1"]
+    assert ran() == ["plain-s0", "plain-s0", "plain-aa-s0", "gated-s0", "plain-aa-s1", "gated-s1", "gated-s1", "gated-s1", "plain-s1"]
     assert sorted(p.name for p in ab_dir.glob("*.loaded-*")) == ["gated-s1.loaded-1", "gated-s1.loaded-2", "plain-s0.loaded-1"]
     report = json.loads((ab_dir / "report.json").read_text())
     assert report["loaded_runs_set_aside"] == ["gated-s1.loaded-1", "gated-s1.loaded-2", "plain-s0.loaded-1"]
@@ -132,7 +157,7 @@ def test_without_redo_a_loaded_run_is_kept(study, monkeypatch):
     run, ran, ab_dir = study
     monkeypatch.setenv("AB_LOADED", "plain-s0:1")
     assert run() == 0
-    assert ran() == ["plain-s0", "gated-s0", "plain-s1", "gated-s1"]
+    assert ran() == ["plain-s0", "plain-aa-s0", "gated-s0", "plain-aa-s1", "gated-s1", "plain-s1"]
     assert not list(ab_dir.glob("*.loaded-*"))
     assert run("--redo-loaded", "1") == 0  # asked later: the study redoes it on resuming
     assert ran() == ["plain-s0"]
@@ -142,7 +167,7 @@ def test_a_failed_run_does_not_stop_the_others(study, monkeypatch):
     run, ran, ab_dir = study
     monkeypatch.setenv("AB_FAIL", "plain-s0")
     assert run() == 1
-    assert ran() == ["plain-s0", "gated-s0", "plain-s1", "gated-s1"]
+    assert ran() == ["plain-s0", "plain-aa-s0", "gated-s0", "plain-aa-s1", "gated-s1", "plain-s1"]
     report = json.loads((ab_dir / "report.json").read_text())
     assert report["missing"] == [{"arm": "plain", "seed": 0}]
     assert report["comparisons"]["gated"]["wall_ratio"]["seeds"] == [1]  # pairs only where both finished
@@ -166,6 +191,7 @@ def test_bad_usage_runs_nothing_and_lists_every_problem(study, capsys):
     assert "run.seed=4: the harness sets this itself" in err
     assert "arm plain: gate.tau must be >= 0" in err and "arm gated: gate.tau must be >= 0" in err
     assert "baseline 'zzz'" in err
+    assert run("--aa-arm", "nope") == 2 and "--aa-arm 'nope' is not one of the arms" in capsys.readouterr().err
     assert run("--seeds", "0,x") == 2
     assert ran() == [] and not ab_dir.exists()
 
@@ -184,11 +210,11 @@ def test_plan_merges_budget_then_arm_then_user(tmp_path):
 def test_target_rule_sets_the_stop_and_compares_time_to_reach_it(study, capsys):
     run, ran, ab_dir = study
     assert run("--target-heldout", "0.5", "--eval-every", "3") == 0
-    assert len(ran()) == 4
+    assert len(ran()) == 6
     cfg = load_config(ab_dir / "configs" / "gated-s1.toml", [])
     assert (cfg.run.target_heldout, cfg.eval.every) == (0.5, 3)
     report = json.loads((ab_dir / "report.json").read_text())
-    assert report["stop_rule"] == {"kind": "target_heldout", "target": 0.5, "stops": True}
+    assert report["stop_rule"] == {"kind": "target_heldout", "target": 0.5, "stops": True, "horizon_s": 5.0}
     assert report["comparisons"]["gated"]["time_to_target_ratio"]["estimate"] == pytest.approx(1.0)  # both at 5 s
     assert run("--name", "other", "--target-heldout", "1.5") == 2
     assert "run.target_heldout must be in [0, 1]" in capsys.readouterr().err
@@ -198,15 +224,50 @@ def test_to_budget_reads_the_target_off_the_curve_and_lets_every_run_finish_its_
     run, ran, ab_dir = study
     assert run("--target-heldout", "0.5", "--eval-every", "3", "--to-budget") == 0
     cfg = load_config(ab_dir / "configs" / "gated-s1.toml", [])
-    assert (cfg.run.target_heldout, cfg.eval.every) == (0.0, 3)  # no stop: the run goes on to its updates
+    # no stop, no measure in the run: it keeps its weights every 3 updates, measured after it ends
+    assert (cfg.run.target_heldout, cfg.eval.every, cfg.run.keep_weights_every) == (0.0, 0, 3)
+    order = ran()
+    runs = [n for n in order if not n.startswith("curve:")]
+    assert order == [x for n in runs for x in (n, f"curve:{n}")]  # each curve right after its run, before the next run
     report = json.loads((ab_dir / "report.json").read_text())
-    assert report["stop_rule"] == {"kind": "target_heldout", "target": 0.5, "stops": False}
+    assert report["arms"]["gated"]["per_seed"]["1"]["time_to_target_s"] == 4.0  # read off the off-clock curve
+    assert report["stop_rule"] == {"kind": "target_heldout", "target": 0.5, "stops": False, "horizon_s": 5.0}
     assert report["comparisons"]["gated"]["time_to_target_ratio"]["estimate"] == pytest.approx(1.0)
     assert "went on to its budget" in (ab_dir / "report.md").read_text()
     assert run("--name", "bad", "--to-budget") == 2
     assert run("--name", "bad2", "--target-heldout", "1.5", "--to-budget") == 2
     err = capsys.readouterr().err
     assert "--to-budget is for --target-heldout" in err and "run.target_heldout must be in [0, 1]" in err
+
+
+def test_a_named_aa_arm_replaces_the_baseline_copy(study):
+    run, ran, ab_dir = study
+    assert run("--aa-arm", "gated") == 0
+    assert sorted(ran()) == ["gated-s0", "gated-s1", "plain-s0", "plain-s1"]
+    report = json.loads((ab_dir / "report.json").read_text())
+    assert report["aa_arm"] == "gated" and report["resolution"] == {}
+    assert report["noise_floor"]["wall_ratio"] == pytest.approx(math.log(2))  # the "no-op" arm moved wall 0.5x
+    assert run("--name", "of", "--aa-arm", "plain", "--aa-of", "gated", "--baseline", "plain") == 2  # the baseline is no A/A arm
+    assert run("--name", "of", "--aa-of", "gated") == 2  # --aa-of needs --aa-arm
+
+
+def test_screening_draws_the_next_seed_before_any_arm_runs_and_the_report_names_the_left_out(study, monkeypatch):
+    run, ran, ab_dir = study
+    monkeypatch.setenv("AB_WARM", "0:0.0,1:0.4,2:0.5,3:0.9")
+    assert run("--screen", "0.1:0.7") == 0
+    assert sorted(ran()) == sorted(f"{a}-s{s}" for a in ("plain", "plain-aa", "gated") for s in (1, 2))
+    plan = json.loads((ab_dir / "plan.json").read_text())
+    assert plan["seeds"] == [1, 2] and plan["screened_out"] == {"0": "warm start wins 0.0 % on dev, outside [10 %, 70 %]"}
+    assert "seed 0: warm start wins 0.0 % on dev" in (ab_dir / "report.md").read_text()
+    assert run("--screen", "0.1:0.7") == 0 and ran() == []  # resumed: the measures are kept, nothing reruns
+    assert run("--name", "x", "--screen", "0.9:0.1") == 2
+
+
+def test_screen_seeds_and_the_pretrain_line():
+    kept, out = screen_seeds([5, 6, 7, 8], 2, {5: 0.3, 6: None, 7: 0.05, 8: 0.6}.get, 0.1, 0.7)
+    assert kept == [5, 8] and set(out) == {6, 7} and "could not be measured" in out[6]
+    assert warm_start_success("heldout_seen: success 30.0% over 4 tasks\nheldout_unseen: success 50.0% over 4\n") == pytest.approx(0.4)
+    assert warm_start_success("nothing") is None
 
 
 def test_report_of_a_folder_that_is_no_study_exits_2_and_list_names_the_presets(study, tmp_path, capsys):
