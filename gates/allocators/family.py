@@ -102,6 +102,10 @@ class FamilyAllocator:
         self._ledger.admitted(admission.size, new_prompt=True)
         self._admitted[self._family_of[admission.task_id]] += 1
 
+    def on_skipped(self, admission: Admission) -> None:
+        """An admission screen skipped the prompt (`pipeline.allocation.SkippingAllocator`): counted only."""
+        self._ledger.skipped()
+
     def on_result(self, result: GroupResult) -> list[GroupResult]:
         self._ledger.finished(result)
         if not trainable(result):

@@ -40,6 +40,10 @@ class UniformAllocator:
     def on_admitted(self, group_id: int, admission: Admission) -> None:
         self._ledger.admitted(admission.size, new_prompt=True)
 
+    def on_skipped(self, admission: Admission) -> None:
+        """An admission screen skipped the prompt (`pipeline.allocation.SkippingAllocator`): counted only."""
+        self._ledger.skipped()
+
     def on_result(self, result: GroupResult) -> list[GroupResult]:
         self._ledger.finished(result)
         if not trainable(result):

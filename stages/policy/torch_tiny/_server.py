@@ -267,6 +267,7 @@ class TorchTinyPolicy(PolicyHooks):
                     policy_version=version,
                     choices=options,
                     nucleus=sample.nucleus,
+                    entropy=sample.entropy,
                 )
             )
         return results
