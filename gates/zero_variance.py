@@ -239,7 +239,8 @@ class ZeroVarianceGate:
         never_cut = (not self.warmed_up or group_id in self._admission_explore
                      or explored(self.options.seed, group_id, self.options.explore))
         self._admission_explore.discard(group_id)
-        group = _Group(prompt, family, [MemberSteps() for _ in range(size)], list(self.checkpoints), never_cut)
+        table: dict[str, str] = {}  # the group's action codes, shared by its members
+        group = _Group(prompt, family, [MemberSteps(table) for _ in range(size)], list(self.checkpoints), never_cut)
         if never_cut:
             flagged, x = self._admission_flag.get(group_id, (False, None))
             group.features[0] = x if x is not None else prompt + [0.0] * _STEP_COUNT

@@ -11,20 +11,20 @@ Two halves, concatenated (`feature_vector`):
   actions, and the behaviour log-prob and choice entropy of the actions: their means and trends (the mean
   over the second half of the prefix minus the first half's).
 
-`MemberSteps` keeps a member's events as prefix sums, so the features at k cost O(G) plus d_k, whatever
-the length of the prefix: the decision stays within the gate's budget (bench/bench_gate.py).
+`MemberSteps` keeps a member's events as prefix sums and its actions as a string of code points (one table
+per group), so the features at k cost O(G) plus d_k's pairwise distances, whatever the length of the prefix:
+the decision stays within the gate's budget (bench/bench_gate.py).
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pipeline.messages import StepEvent
 
-from .prefix import mean_prefix_edit_distance
+from .prefix import action_code, coded_prefix_distance
 
 PROMPT_FEATURES = ("family_success", "unseen", "policy_version")
 """The prompt side's fixed part; the task's own features follow, named `task/<name>`."""
@@ -36,8 +36,11 @@ STEP_FEATURES = (
 
 @dataclass(slots=True)
 class MemberSteps:
-    """One member's step stream as prefix sums: `sums[name][i]` is the sum over its first i steps."""
+    """One member's step stream as prefix sums: e.g. `admissible[i]` is the sum over its first i steps.
+    Members of one group share `table`, so `code` (one code point per action) compares across them."""
 
+    table: dict[str, str] = field(default_factory=dict)
+    code: str = ""
     actions: list[str] = field(default_factory=list)
     admissible: list[float] = field(default_factory=lambda: [0.0])
     new_observation: list[float] = field(default_factory=lambda: [0.0])
@@ -49,6 +52,7 @@ class MemberSteps:
 
     def add(self, event: StepEvent) -> None:
         self.actions.append(event.action)
+        self.code += action_code(self.table, event.action)
         self.admissible.append(self.admissible[-1] + event.admissible)
         self.new_observation.append(self.new_observation[-1] + event.new_observation)
         self.progress.append(self.progress[-1] + (event.admissible and event.new_observation))
@@ -89,8 +93,8 @@ def step_vector(members: Sequence[MemberSteps], k: int, window: int) -> list[flo
     g = len(members)
     steps = progress = progress_steps = admissible = new_obs = logprob = entropy = 0.0
     logprob_trend = entropy_trend = 0.0
-    ended = 0
-    latest: Counter[str] = Counter()
+    ended = agree = 0
+    latest: dict[str, int] = {}
     for m in members:
         n = min(len(m), k)
         if m.done_at is not None and m.done_at <= k:
@@ -108,17 +112,18 @@ def step_vector(members: Sequence[MemberSteps], k: int, window: int) -> list[flo
         entropy += m.entropy[n]
         logprob_trend += _half_trend(m.logprob, n)
         entropy_trend += _half_trend(m.entropy, n)
-        latest[m.actions[n - 1]] += 1
+        count = latest[m.code[n - 1]] = latest.get(m.code[n - 1], 0) + 1
+        agree = max(agree, count)
     if not steps:
         return [1.0, ended / g] + [0.0] * (len(STEP_FEATURES) - 2)
-    distance = mean_prefix_edit_distance([m.actions for m in members], k) if g >= 2 else 0.0
+    distance = coded_prefix_distance([m.code for m in members], k)
     return [
         progress / progress_steps if progress_steps else 1.0,
         ended / g,
         admissible / steps,
         new_obs / steps,
         distance,
-        max(latest.values()) / g,
+        agree / g,
         logprob / steps,
         logprob_trend / g,
         entropy / steps,

@@ -8,9 +8,11 @@ from gates.prefix import mean_prefix_edit_distance
 from gates.zero_variance_features import STEP_FEATURES, MemberSteps, prompt_vector, step_vector
 from pipeline.messages import StepEvent
 
+TABLE: dict[str, str] = {}  # one group's action codes (every member of a test's group shares them)
+
 
 def _member(actions: str, *, ok: str = "", new: str = "", logprobs=(), entropies=(), done: bool = False) -> MemberSteps:
-    m = MemberSteps()
+    m = MemberSteps(TABLE)
     for s, a in enumerate(actions):
         m.add(StepEvent(group_id=0, rollout_index=0, step_index=s, action=a, done=done and s == len(actions) - 1,
                         reward=0.0, policy_version=0, admissible=(ok[s] == "1") if ok else True,
@@ -49,3 +51,17 @@ def test_prompt_vector():
     v = prompt_vector(0.25, "heldout_unseen", 3, {"b": 2.0, "a": 1.0}, ["a", "b", "c"])
     assert v == [0.25, 1.0, pytest.approx(math.log(4)), 1.0, 2.0, 0.0]
     assert prompt_vector(0.5, "train", 0, {}, [])[1] == 0.0
+
+
+def test_the_coded_distance_is_the_prefix_gates():
+    table: dict[str, str] = {}
+    groups = [["go 1", "go 2", "<END>"], ["go 1", "look"], ["go 2"]]
+    members = []
+    for actions in groups:
+        m = MemberSteps(table)
+        for s, a in enumerate(actions):
+            m.add(StepEvent(group_id=0, rollout_index=0, step_index=s, action=a, done=False, reward=0.0, policy_version=0))
+        members.append(m)
+    for k in (1, 2, 3, 5):
+        f = dict(zip(STEP_FEATURES, step_vector(members, k, window=5), strict=True))
+        assert f["prefix_distance"] == pytest.approx(mean_prefix_edit_distance(groups, k))
