@@ -89,7 +89,8 @@ def gate_label(cfg: RunConfig, outcome: GrpoOutcome) -> str:
         return "off"
     gate = build_gate(cfg)  # the gate as configured, its own defaults resolved (wherever the stage ran)
     options = getattr(gate, "options", None)  # a plugin gate need not keep its options
-    shown = [f"{label}={getattr(options, key)}" for label, key in (("K", "k"), ("tau", "tau")) if hasattr(options, key)]
+    shown = [f"{label}={getattr(options, key)}" for label, key in (("K", "k"), ("tau", "tau"))
+             if getattr(options, key, None) is not None]  # (the zero_variance gate has neither: None)
     return " ".join([cfg.gate.name, *shown]) + (" shadow" if cfg.gate.shadow else "")
 
 
