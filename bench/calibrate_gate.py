@@ -340,7 +340,7 @@ def report(groups: Sequence[RecordedGroup], fams: Sequence[Family], min_precisio
 def _leave_one_seed_out(fam: Family, groups: Sequence[RecordedGroup], min_precision: float) -> list[str]:
     lines = []
     seeds = sorted({g.seed for g in groups})
-    for held in seeds if len(seeds) > 1 else []:
+    for held in seeds:
         fit = [i for i, g in enumerate(groups) if g.seed != held]
         test = [i for i, g in enumerate(groups) if g.seed == held]
         top = best(fam.rows(fit), min_precision)
@@ -354,7 +354,8 @@ def _leave_one_seed_out(fam: Family, groups: Sequence[RecordedGroup], min_precis
 
 
 def zero_variance_report(groups: Sequence[RecordedGroup], cfg, min_precision: float, out: Path | None) -> str:
-    """The zero_variance gate left one seed out: fitted on the other seeds' groups, scored on this seed's."""
+    """The zero_variance gate left one seed out: fitted on the other seeds' groups, scored on this seed's (with
+    one seed: its even-numbered groups against its odd ones, then the other way round, named seed.0 / seed.1)."""
     from gates.zero_variance import ZeroVarianceGate
     from gates.zero_variance_offline import fit_offline, replay, score_offline
 
@@ -363,6 +364,10 @@ def zero_variance_report(groups: Sequence[RecordedGroup], cfg, min_precision: fl
     options = ZeroVarianceGate.Options(min_precision=min_precision)
     seeds = sorted({g.seed for g in groups})
     by_seed = {s: [g for g in groups if g.seed == s] for s in seeds}
+    if len(seeds) == 1:  # two folds of the one seed
+        only = by_seed.pop(seeds[0])
+        by_seed = {f"{seeds[0]}.{half}": only[half::2] for half in (0, 1)}
+        seeds = sorted(by_seed)
     replayed = {s: replay(by_seed[s], tasks, options) for s in seeds}
     lines = [f"zero_variance gate, min_precision {min_precision}, fitted on the other seeds, scored on each:",
              "| seed | k | cuts | precision | recall | env steps saved |", "|---|---|---|---|---|---|"]
