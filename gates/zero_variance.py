@@ -35,6 +35,7 @@ start from; its thresholds are not used before the warm-up ends.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import random
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -144,7 +145,10 @@ class ZeroVarianceGate:
             if self.tau is not None:
                 raise ValueError("the zero_variance gate sets its thresholds from min_precision: leave gate.tau unset")
 
+
     def __init__(self, options: Options = Options()) -> None:  # noqa: B008 (a frozen Struct)
+        if importlib.util.find_spec("sklearn") is None:
+            raise ValueError("the zero_variance gate refits with scikit-learn: pip install scikit-learn")
         self.options = options
         self.checkpoints = sorted({*options.checkpoints, *([options.k] if options.k else [])})
         self.ks = [0, *self.checkpoints]
