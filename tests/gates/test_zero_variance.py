@@ -200,3 +200,12 @@ def test_it_learns_to_cut_stuck_groups_at_the_target_precision():
 
 def test_features_have_one_name_each():
     assert len(feature_names(["size"])) == WIDTH == 3 + 1 + len(STEP_FEATURES)
+
+
+def test_without_scikit_learn_building_it_says_what_to_install(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a))
+    with pytest.raises(ValueError, match="pip install scikit-learn"):
+        build_gate("zero_variance", {})
