@@ -285,8 +285,10 @@ class ZeroVarianceGate:
     def _decide(self, group: _Group, k: int) -> GateDecision:
         if group.won:
             return GateDecision(cut=False, value=float("nan"), checkpoint=k, reason=f"zero_variance k={k}: a member won, never cut")
-        x = feature_vector(group.prompt, group.members, k, self.options.stall_window)
         model, threshold = self._threshold(k)
+        if threshold is None and not group.never_cut:  # nothing to decide and no row to keep: skip the features
+            return GateDecision(cut=False, value=float("nan"), checkpoint=k, reason=f"zero_variance k={k}: no threshold yet")
+        x = feature_vector(group.prompt, group.members, k, self.options.stall_window)
         p = probability(model, x) if model is not None else float("nan")
         flagged = threshold is not None and p >= threshold
         if group.never_cut:
@@ -294,8 +296,6 @@ class ZeroVarianceGate:
             if threshold is not None:
                 group.flagged[k] = flagged
             return GateDecision(cut=False, value=p, checkpoint=k, reason=f"zero_variance p_{k}={p:.3f}: unbiased sample, never cut")
-        if threshold is None:
-            return GateDecision(cut=False, value=p, checkpoint=k, reason=f"zero_variance p_{k}={p:.3f}: no threshold yet")
         relation = ">=" if flagged else "<"
         return GateDecision(cut=flagged, value=p, checkpoint=k, reason=f"zero_variance p_{k}={p:.3f} {relation} {threshold:.3f}")
 
