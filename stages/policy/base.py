@@ -66,11 +66,6 @@ class ActResult:
     else the mean over the generated tokens of each token's sampling distribution; None = not known (vLLM
     returns only the sampled token's log-prob). An early signal for gates (`StepEvent.entropy`)."""
 
-    @property
-    def logprob(self) -> float:
-        """The behaviour log-prob of the whole action: the sum of its tokens' sampling log-probs."""
-        return float(sum(self.logprobs))
-
 
 class PolicyHooks(ABC):  # noqa: B024 (no abstract method: every hook is optional, as in trio.abc.Instrument)
     """The optional hooks of a `Policy`. Every method has a no-op default, so this class serves mostly as
