@@ -2,6 +2,11 @@
 
     python bench/bench_gate.py
 
+The zero-variance gate's decision (issue 57: <= 25 us p50 on the event loop) is measured last: the features
+of a group at checkpoint K from its members' prefix sums, d_K included, and p from a fitted model's
+coefficients (`gates.zero_variance_features`, `gates.zero_variance_model.probability`), one decision at a
+time, p50 and p90 of thread CPU time; and its streaming cost (every observe() call / decisions).
+
 Measures `mean_prefix_edit_distance` on synthetic ALFWorld-like groups (70% near-duplicate rollouts, as in
 feasibility.md §3) side by side with a plain-Python dynamic-programming Levenshtein baseline and with
 rapidfuzz over raw lists of strings, and the full streaming gate (observe() of every step of a group).
@@ -19,7 +24,10 @@ from itertools import combinations
 from rapidfuzz.distance import Levenshtein
 
 from gates import END, PrefixEditDistanceGate, mean_prefix_edit_distance
-from pipeline.messages import StepEvent
+from gates.zero_variance import ZeroVarianceGate
+from gates.zero_variance_features import MemberSteps, feature_names, feature_vector
+from gates.zero_variance_model import LinearModel, probability
+from pipeline.messages import GroupOpened, StepEvent
 
 G, K = 8, 10
 VERBS = ["go to {r}", "open {r}", "close {r}", "take {o} from {r}", "put {o} in/on {r}", "examine {r}", "look"]
@@ -105,6 +113,56 @@ def streaming_us(groups) -> float:
     return elapsed / max(decisions, 1) * 1e6, decisions, len(events)
 
 
+def _events(gid: int, group: list[list[str]], rng: random.Random) -> list[StepEvent]:
+    return [StepEvent(group_id=gid, rollout_index=r, step_index=s, action=seq[s], done=s == len(seq) - 1, reward=0.0,
+                      policy_version=0, admissible=rng.random() < 0.8, new_observation=rng.random() < 0.6,
+                      logprob=-rng.random() * 3, entropy=rng.random() * 2)
+            for s in range(K) for r, seq in enumerate(group) if s < len(seq)]
+
+
+TASK_FEATURES = {f"f{i}": float(i) for i in range(11)}  # as many as a household task has
+
+
+def zero_variance_decision_us(groups: list[list[list[str]]]) -> tuple[float, float, float]:
+    """p50, p90 thread-CPU us of one decision at K (features from prefix sums + p from the coefficients), and
+    side by side, interleaved, the p50 of the prefix gate's d_K alone (a machine's load scales both)."""
+    rng = random.Random(1)
+    width = len(feature_names(sorted(TASK_FEATURES)))
+    model = LinearModel(coef=[rng.gauss(0, 1) for _ in range(width)], intercept=0.0, threshold=0.9)
+    prompt = [0.3, 0.0, 1.0, *TASK_FEATURES.values()]
+    times, prefix = [], []
+    for gid, group in enumerate(groups):
+        table: dict[str, str] = {}
+        members = [MemberSteps(table) for _ in group]
+        for event in _events(gid, group, rng):
+            members[event.rollout_index].add(event)
+        t0 = time.thread_time_ns()
+        probability(model, feature_vector(prompt, members, K, 5)) >= model.threshold  # noqa: B015 (the decision)
+        t1 = time.thread_time_ns()
+        mean_prefix_edit_distance(group, K)
+        prefix.append((time.thread_time_ns() - t1) / 1e3)
+        times.append((t1 - t0) / 1e3)
+    times.sort()
+    return times[len(times) // 2], times[int(len(times) * 0.9)], statistics.median(prefix)
+
+
+def zero_variance_streaming_us(groups: list[list[list[str]]]) -> tuple[float, int, int]:
+    """Every observe() call of each group (checkpoints 2..10, no member won) / the decisions they made."""
+    rng = random.Random(2)
+    gate = ZeroVarianceGate(ZeroVarianceGate.Options(checkpoints=[2, 4, 6, 8, 10], warmup=1, explore=0.0))
+    width = len(feature_names(sorted(TASK_FEATURES)))
+    gate.install(dict.fromkeys(gate.ks, LinearModel(coef=[0.0] * width, intercept=-5.0, threshold=0.99)))
+    events = []
+    for gid, group in enumerate(groups):
+        gate.opened(GroupOpened(group_id=gid, task_id="t", size=G, policy_version=0, admitted_at=0.0, family="f",
+                                split="train", features=TASK_FEATURES))
+        gate.open(gid, G)
+        events += _events(gid, group, rng)
+    t0 = time.perf_counter()
+    decisions = sum(gate.observe(e) is not None for e in events)
+    return (time.perf_counter() - t0) / max(decisions, 1) * 1e6, decisions, len(events)
+
+
 def main() -> None:
     rng = random.Random(0)
     groups = [make_group(rng) for _ in range(2000)]
@@ -122,6 +180,13 @@ def main() -> None:
     print(f"  plain-Python DP Levenshtein    {plain:7.1f} us/decision   ours is {plain / ours:.1f}x faster")
     print(f"  cold caches (unrelated work between decisions) {cold:7.1f} us/decision (median thread CPU): {cold / ours:.1f}x the warm figure")
     print(f"  streaming gate (all observe() calls of a group / decisions) {stream_total:7.1f} us per decision ({events} events, {decisions} decisions)")
+    p50, p90, prefix_p50 = zero_variance_decision_us(groups)
+    zv_stream, zv_decisions, zv_events = zero_variance_streaming_us(groups)
+    print(f"zero-variance gate decision at K={K} ({len(TASK_FEATURES)} task features): p50 {p50:.1f} us, p90 {p90:.1f} us "
+          f"(thread CPU; goal p50 <= 25 us: {'met' if p50 <= 25 else 'MISSED'}); {p50 / prefix_p50:.2f}x the prefix gate's "
+          f"d_K alone measured beside it (p50 {prefix_p50:.1f} us)")
+    print(f"  streaming zero-variance gate (all observe() calls / decisions) {zv_stream:7.1f} us per decision "
+          f"({zv_events} events, {zv_decisions} decisions)")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,11 @@
    zero-variance group cut at the first checkpoint) and the cost ratio (env steps per informative group
    kept, gated / ungated). The best setting per gate at precision >= --min-precision is chosen on the
    pooled seeds, and checked by leave-one-seed-out (chosen on two seeds, scored on the third).
+
+`--zero-variance` instead scores the zero-variance gate (issue 57, `gates/zero_variance_offline.py`): its
+models fitted on every seed but one at `--min-precision` and scored on the held-out seed (each seed in turn),
+per checkpoint: cuts, precision, recall, env steps saved; `--fit-zero-variance FILE.json` also writes the
+models fitted on every seed (the gate's `model` option starts from them).
 """
 
 from __future__ import annotations
@@ -335,7 +340,7 @@ def report(groups: Sequence[RecordedGroup], fams: Sequence[Family], min_precisio
 def _leave_one_seed_out(fam: Family, groups: Sequence[RecordedGroup], min_precision: float) -> list[str]:
     lines = []
     seeds = sorted({g.seed for g in groups})
-    for held in seeds if len(seeds) > 1 else []:
+    for held in seeds:
         fit = [i for i, g in enumerate(groups) if g.seed != held]
         test = [i for i, g in enumerate(groups) if g.seed == held]
         top = best(fam.rows(fit), min_precision)
@@ -346,6 +351,39 @@ def _leave_one_seed_out(fam: Family, groups: Sequence[RecordedGroup], min_precis
         lines.append(f"| {fam.label} | {held} | K={','.join(map(str, top.ks))} tau={top.tau} | {_f(s.precision)} | "
                      f"{_f(s.recall)} | {_f(s.steps_saved, True)} | {_f(s.cost_ratio)} |")
     return lines
+
+
+def zero_variance_report(groups: Sequence[RecordedGroup], cfg, min_precision: float, out: Path | None) -> str:
+    """The zero_variance gate left one seed out: fitted on the other seeds' groups, scored on this seed's (with
+    one seed: its even-numbered groups against its odd ones, then the other way round, named seed.0 / seed.1)."""
+    from gates.zero_variance import ZeroVarianceGate
+    from gates.zero_variance_offline import fit_offline, replay, score_offline
+
+    suite = build_suite(cfg)
+    tasks = {t.task_id: t for t in suite.tasks("train")}
+    options = ZeroVarianceGate.Options(min_precision=min_precision)
+    seeds = sorted({g.seed for g in groups})
+    by_seed = {s: [g for g in groups if g.seed == s] for s in seeds}
+    if len(seeds) == 1:  # two folds of the one seed
+        only = by_seed.pop(seeds[0])
+        by_seed = {f"{seeds[0]}.{half}": only[half::2] for half in (0, 1)}
+        seeds = sorted(by_seed)
+    replayed = {s: replay(by_seed[s], tasks, options) for s in seeds}
+    lines = [f"zero_variance gate, min_precision {min_precision}, fitted on the other seeds, scored on each:",
+             "| seed | k | cuts | precision | recall | env steps saved |", "|---|---|---|---|---|---|"]
+    for held in seeds if len(seeds) > 1 else []:
+        train = [r for s in seeds if s != held for r in replayed[s][0]]
+        saved = fit_offline(train, replayed[held][1], options)
+        scores, total = score_offline(saved, by_seed[held], replayed[held][0])
+        for k, sc in scores.items():
+            precision = f"{sc.true_positive / sc.cut:.2f}" if sc.cut else "-"
+            recall = f"{sc.true_positive / sc.positives:.2f}" if sc.positives else "-"
+            lines.append(f"| {held} | {k} | {sc.cut} | {precision} | {recall} | {sc.steps_saved / total:.1%} |")
+    if out is not None:
+        saved = fit_offline([r for s in seeds for r in replayed[s][0]], replayed[seeds[0]][1], options)
+        out.write_bytes(msgspec.json.encode(saved))
+        lines.append(f"models fitted on seeds {seeds} written to {out}")
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -359,10 +397,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override, as run.py")
     parser.add_argument("--config", help="TOML config file, as run.py (e.g. configs/smollm2.toml)")
     parser.add_argument("--weights", help="roll out with these weights (a run's checkpoints/policy.pt; {seed}: each seed's)")
+    parser.add_argument("--zero-variance", action="store_true", help="score the zero_variance gate, leave one seed out")
+    parser.add_argument("--fit-zero-variance", type=Path, help="write its models fitted on every seed (JSON)")
     args = parser.parse_args(argv)
     configure_logging(None)
     groups = [g for seed in args.seeds
               for g in collect(args.overrides, seed, args.groups, args.fresh, args.config, args.weights)]
+    if args.zero_variance or args.fit_zero_variance:
+        text = zero_variance_report(groups, load(args.config, args.overrides), args.min_precision, args.fit_zero_variance)
+        print(text)
+        if args.out:
+            args.out.write_text(text + "\n")
+        return
     text = report(groups, families(groups, default_candidates(), not args.no_combinations), args.min_precision)
     print(text)
     if args.out:

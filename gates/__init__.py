@@ -26,6 +26,7 @@ GATES = Registry(
         "stall": "gates.stall:StallGate",
         "all_of": "gates.combined:AllOfGate",
         "any_of": "gates.combined:AnyOfGate",
+        "zero_variance": "gates.zero_variance:ZeroVarianceGate",
     },
 )
 

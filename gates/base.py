@@ -8,11 +8,12 @@ only override them: `gates.gate_options`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Protocol, runtime_checkable
 
 import msgspec
 
-from pipeline.messages import RolloutFailed, StepEvent
+from pipeline.messages import GroupOpened, RolloutFailed, StepEvent
 
 if TYPE_CHECKING:
     from pipeline.contracts import GateDecision
@@ -38,4 +39,27 @@ class Gate(Protocol):
 
     def close(self, group_id: int) -> list[GateDecision]:
         """The group ended; forget it and return the decisions taken for it."""
+        ...
+
+
+@runtime_checkable
+class LearningGate(Gate, Protocol):
+    """A gate that learns from the stream's outcomes (`gates.zero_variance`). The gate stage calls these
+    besides the `Gate` contract: `opened` before `open`, `labelled` when a group's outcome settles (never for
+    a cut group), runs `serve` in its nursery, and adds `report` to its statistics."""
+
+    def opened(self, message: GroupOpened) -> None:
+        """The prompt side of a group about to open."""
+        ...
+
+    def labelled(self, group_id: int, rewards: Sequence[float]) -> None:
+        """The group's settled complete-trajectory rewards (its prompt's merged group)."""
+        ...
+
+    async def serve(self) -> None:
+        """Background work (refits) until cancelled; must never block the event loop."""
+        ...
+
+    def report(self) -> Mapping[str, float | None]:
+        """Flat `gate/...` figures for the statistics and the run's metrics."""
         ...

@@ -65,11 +65,30 @@ def mean_prefix_edit_distance(actions_per_rollout: Sequence[Sequence[str]], k: i
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    g = len(actions_per_rollout)
+    if len(actions_per_rollout) < 2:
+        return 0.0
+    return coded_prefix_distance(_prefix_codes(actions_per_rollout, k), k)
+
+
+def action_code(codes: dict[str, str], action: str) -> str:
+    """The one code point standing for `action` in a group's table `codes` (added when new), never <END>'s:
+    a gate that keeps each member's actions as a string of these (`gates.zero_variance_features`) gets
+    d_K from `coded_prefix_distance` without re-coding the prefixes at each checkpoint."""
+    if action == END:
+        return _PAD  # as `_prefix_codes`: an action spelled <END> is the padding
+    code = codes.get(action)
+    if code is None:
+        code = codes[action] = chr(0x101 + len(codes))
+    return code
+
+
+def coded_prefix_distance(codes: Sequence[str], k: int) -> float:
+    """d_K of members given as strings of action codes (`action_code`; any lengths, cut and padded to k here)."""
+    g = len(codes)
     if g < 2:
         return 0.0
     # Identical prefixes are at distance 0: compute each distinct pair once and weight it by multiplicity.
-    counts = Counter(_prefix_codes(actions_per_rollout, k))  # [unique prefixes] -> multiplicity
+    counts = Counter(c[:k].ljust(k, _PAD) for c in codes)  # [unique prefixes] -> multiplicity
     total = 0
     for (a, na), (b, nb) in combinations(counts.items(), 2):
         total += na * nb * Levenshtein.distance(a, b)

@@ -16,9 +16,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
+import structlog
 import trio
+
+from .outcomes import FIRST_STAGE_KINDS
+
+log = structlog.get_logger(__name__)
+
+MAX_SKIPS_IN_ROW = 64
+"""An admission screen may skip at most this many prompts in a row; the next one starts unscreened."""
 
 
 class Clock(Protocol):
@@ -118,6 +126,25 @@ class AllocatorPolicy(Protocol):
     def on_admitted(self, group_id: int, admission: Any) -> None: ...
 
 
+class AdmissionScreen(Protocol):
+    """Asked before a prompt's first-stage group starts (`gates.zero_variance.AdmissionScreen`: k = 0)."""
+
+    def skip(self, task_id: str) -> bool:
+        """Skip this prompt (predicted to end with zero variance)?"""
+        ...
+
+    def admitted(self, group_id: int, task_id: str) -> None:
+        """The prompt just screened was admitted as `group_id`."""
+        ...
+
+
+@runtime_checkable
+class SkippingAllocator(Protocol):
+    """An allocator that can be told a prompt it proposed was skipped (it counts it; nothing else changes)."""
+
+    def on_skipped(self, admission: Any) -> None: ...
+
+
 class AdmissionLoop:
     """Starts groups whenever slots, pacing and the allocator policy all say yes.
 
@@ -147,6 +174,10 @@ class AdmissionLoop:
         """Free slots the staleness pacer holds idle as of the last pass (0 when it allows an admission)."""
         self._held_since: float | None = None
         self._held_slot_s = 0.0
+        self.screen: AdmissionScreen | None = None
+        self.prompts_skipped = 0
+        self._skips_in_row = 0
+        self._screened = False
 
     def held_slot_seconds(self) -> float:
         """Slot-seconds that were free while the staleness pacer refused admission (decoders held by the pacer)."""
@@ -155,6 +186,32 @@ class AdmissionLoop:
             self._held_slot_s += self._held * (now - self._held_since)
         self._held_since = now
         return self._held_slot_s
+
+    def use_screen(self, screen: AdmissionScreen) -> bool:
+        """Ask `screen` before each new prompt starts; False (not used) when the allocator cannot skip."""
+        if not isinstance(self.policy, SkippingAllocator):
+            log.warning("admission.screen_unused", reason="the allocator has no on_skipped", allocator=type(self.policy).__name__)
+            return False
+        self.screen = screen
+        return True
+
+    def _skipped(self, admission: Any) -> bool:
+        """Screen a new prompt: True when it was skipped (the allocator was told)."""
+        self._screened = False
+        if self.screen is None or getattr(admission, "kind", "group") not in FIRST_STAGE_KINDS:
+            return False
+        if self._skips_in_row >= MAX_SKIPS_IN_ROW:
+            self._skips_in_row = 0
+            return False
+        self._screened = True
+        if not self.screen.skip(admission.task_id):
+            self._skips_in_row = 0
+            return False
+        assert isinstance(self.policy, SkippingAllocator)
+        self.policy.on_skipped(admission)
+        self.prompts_skipped += 1
+        self._skips_in_row += 1
+        return True
 
     def wake(self) -> None:
         self._changed.set()
@@ -178,6 +235,8 @@ class AdmissionLoop:
             admission = self.policy.next_admission(self.slots.free)
             if admission is None:
                 break
+            if self._skipped(admission):
+                continue
             if admission.size > self.slots.free or admission.size < 1:
                 raise RuntimeError(
                     f"allocator asked for {admission.size} slots with {self.slots.free} free"
@@ -190,6 +249,9 @@ class AdmissionLoop:
                 self.backfills += 1
                 self._backfill_credit = max(0, self._backfill_credit - admission.size)
             self.policy.on_admitted(group_id, admission)
+            if self._screened:
+                assert self.screen is not None
+                self.screen.admitted(group_id, admission.task_id)
             self.groups_admitted += 1
             self._start_group(group_id, admission)
             started += 1

@@ -53,6 +53,12 @@ class GroupOpened(_Message):
     stage of the same prompt such as commit or rescue (never gated)."""
     parent: int | None = None
     """Group id of the earlier group of the same prompt that a later-stage group extends."""
+    family: str = ""
+    """The task's family (`Task.family`): prompt-side features a predicting gate reads at admission."""
+    split: str = ""
+    """The task's split (`Task.split`), e.g. train, heldout_seen, heldout_unseen."""
+    features: dict[str, float] = {}
+    """The task's numeric features (`Task.features`)."""
 
 
 class StepEvent(_Message):
@@ -77,6 +83,12 @@ class StepEvent(_Message):
     new_observation: bool = True
     """The observation this step produced had not been seen before in this episode (False: a loop or a
     no-op such as "Nothing happens.")."""
+    logprob: float | None = None
+    """The behaviour log-prob of the chosen action (the sum of its tokens' sampling log-probs); None = not
+    reported."""
+    entropy: float | None = None
+    """Entropy (nats) of the step's choice distribution (`ActResult.entropy`); None = the backend cannot tell
+    (vLLM returns only the sampled token's log-prob)."""
 
 
 class RolloutFailed(_Message):
@@ -338,6 +350,8 @@ class ActReply(_Message):
     choices: list[list[int]] = []
     error: str = ""
     nucleus: list[int] = []
+    entropy: float | None = None
+    """`ActResult.entropy`."""
 
 
 StepStream = GroupOpened | StepEvent | RolloutFailed | GroupClosed

@@ -65,6 +65,8 @@ class EpisodeStep:
     """This is the last step (the environment said done, or the step limit was reached)."""
     new_observation: bool
     """The observation after this step was never seen before in this episode (reset included)."""
+    entropy: float | None = None
+    """Entropy of the step's choice distribution (`ActResult.entropy`; None: the backend cannot tell)."""
 
 
 async def _step_on_trio_thread(env: Environment, action: str) -> StepResult:
@@ -128,7 +130,7 @@ async def play_episode(
         done = result.done or step_index == max_steps - 1
         new_observation = result.observation.text not in seen
         if on_step is not None:
-            await on_step(EpisodeStep(step_index, turn, result, episode.reward, done, new_observation))
+            await on_step(EpisodeStep(step_index, turn, result, episode.reward, done, new_observation, act.entropy))
         seen.add(result.observation.text)
         history.append((observation.text, act.action))
         observation = result.observation

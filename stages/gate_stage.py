@@ -24,7 +24,7 @@ from typing import Any
 import trio
 
 from gates import ShadowLedger
-from gates.base import Gate
+from gates.base import Gate, LearningGate
 from pipeline.messages import CancelGroup, GroupClosed, GroupOpened, RolloutFailed, StepEvent, StepStream
 from pipeline.outcomes import FIRST_STAGE_KINDS, MergedOutcomes, is_gated
 from pipeline.stage import StageContext
@@ -49,6 +49,8 @@ class GateStatistics(Mapping[str, float | None]):
     decisions_by_kind: Mapping[str, int]
     shadow: Mapping[str, float | None]
     """Online precision/recall (`ShadowLedger.as_dict()`), in shadow mode."""
+    learned: Mapping[str, float | None] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    """A learning gate's own figures (`LearningGate.report`: live precision / recall per checkpoint...)."""
 
     def _flat(self) -> dict[str, float | None]:
         flat: dict[str, float | None] = {
@@ -62,7 +64,7 @@ class GateStatistics(Mapping[str, float | None]):
         }
         flat |= {f"gate/groups_seen/{kind}": n for kind, n in self.groups_seen_by_kind.items()}
         flat |= {f"gate/decisions/{kind}": n for kind, n in self.decisions_by_kind.items()}
-        return flat | dict(self.shadow)
+        return flat | dict(self.shadow) | dict(self.learned)
 
     def __getitem__(self, key: str) -> float | None:
         return self._flat()[key]
@@ -74,6 +76,14 @@ class GateStatistics(Mapping[str, float | None]):
         return len(self._flat())
 
 
+@dataclass(slots=True)
+class _Root:
+    """What the gate stage remembers of a prompt until its label settles."""
+
+    group_id: int
+    would_cut: bool = False
+
+
 class GateStage:
     name = "gate"
 
@@ -81,6 +91,8 @@ class GateStage:
         """`gate`: a built gate (`gates.build_gate`; the run builds it in `pipeline/run/build.py`); `shadow`:
         send decisions flagged shadow (nothing is cancelled) and score them."""
         self.gate = gate
+        self.learning = gate if isinstance(gate, LearningGate) else None
+        """The gate, when it learns from the stream (labels, refits in `serve`)."""
         self.shadow = shadow
         self.ledger = ShadowLedger()
         self._would_cut: set[int] = set()
@@ -112,6 +124,7 @@ class GateStage:
             groups_seen_by_kind=MappingProxyType(dict(sorted(self.groups_by_kind.items()))),
             decisions_by_kind=MappingProxyType(dict(sorted(self.decisions_by_kind.items()))),
             shadow=MappingProxyType(self.ledger.as_dict() if self.shadow else {}),
+            learned=MappingProxyType(dict(self.learning.report()) if self.learning is not None else {}),
         )
 
     _COUNTERS = ("decisions", "cuts", "decision_seconds", "decision_cpu_seconds", "groups_seen", "groups_by_kind",
@@ -133,14 +146,19 @@ class GateStage:
         """Settle every pending shadow label (call once the step stream has ended)."""
         self._labels.flush()
 
-    def _score(self, rewards: list[float], would_cut: object) -> None:
+    def _score(self, rewards: list[float], root: object) -> None:
+        assert isinstance(root, _Root)
         if self.shadow:  # fewer than two complete rewards: unlabelled (the ledger counts it)
-            self.ledger.record(bool(would_cut), rewards)
+            self.ledger.record(root.would_cut, rewards)
+        if self.learning is not None:  # a cut group never gets here (`MergedOutcomes.discard`)
+            self.learning.labelled(root.group_id, rewards)
 
     async def run(self, ctx: StageContext, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         steps = ctx.zmq.socket("pull", ctx.addresses.steps, bind=True, receives=StepStream, hwm=ctx.addresses.hwm, name="steps")
         control = ctx.zmq.socket("push", ctx.addresses.control, bind=False, hwm=ctx.addresses.hwm)
-        async with steps, control:
+        async with steps, control, trio.open_nursery() as background:
+            if self.learning is not None:
+                background.start_soon(self.learning.serve)  # refits, in worker threads
             task_status.started(steps.address)  # where the rollout stage sends (the real port of a tcp :0)
             async for message in steps:
                 if not self._valid(message, steps):
@@ -148,6 +166,7 @@ class GateStage:
                 decision = self._handle(message, ctx)
                 if decision is not None:
                     await control.send(decision)
+            background.cancel_scope.cancel()
 
     def _valid(self, message: StepStream, steps: Any) -> bool:
         """Drop (and count on the socket) what contradicts the groups seen so far (see step_validation)."""
@@ -166,12 +185,14 @@ class GateStage:
                 self.groups_seen += 1
                 self.groups_by_kind[kind] = self.groups_by_kind.get(kind, 0) + 1
                 if kind in FIRST_STAGE_KINDS:
-                    self._labels.open_root(gid, kind, False)
+                    self._labels.open_root(gid, kind, _Root(gid))
                 else:
                     self._labels.open_child(gid, parent)
                 if is_gated(kind, size):
                     self._gated.add(gid)
                     self._kinds[gid] = kind
+                    if self.learning is not None:
+                        self.learning.opened(message)
                     self.gate.open(gid, size)
             case StepEvent() | RolloutFailed() if message.group_id in self._gated:
                 return self._observe(message, ctx)
@@ -183,7 +204,7 @@ class GateStage:
                     self.gate.close(gid)
                 if gid in self._would_cut:
                     self._would_cut.discard(gid)
-                    self._labels.set_data(gid, True)
+                    self._labels.set_data(gid, _Root(gid, would_cut=True))
                 if cut:
                     self._labels.discard(gid)
                 else:

@@ -286,7 +286,8 @@ class RolloutStage:
             await self.steps_out.send(
                 GroupOpened(
                     group_id=group_id, task_id=task_id, size=size, policy_version=self.policy.version,
-                    admitted_at=started, kind=kind, parent=parent,
+                    admitted_at=started, kind=kind, parent=parent, family=task.family, split=task.split,
+                    features=dict(task.features),
                 )
             )
             result = await self._run_members(group_id, task, records, size, kind, parent, started, steps)
@@ -426,6 +427,8 @@ class RolloutStage:
                     policy_version=step.turn.policy_version,
                     admissible=step.turn.admissible,
                     new_observation=step.new_observation,
+                    logprob=float(sum(step.turn.logprobs)),
+                    entropy=step.entropy,
                 )
             )
 

@@ -244,3 +244,21 @@ async def test_the_learn_preset_runs_and_acts_only_admissible_commands(tmp_path)
     lrs = [r["learner/lr"] for r in updates]
     assert lrs[0] == cfg.learner.lr and all(a > b for a, b in zip(lrs, lrs[1:], strict=False))
     assert any(r.get("heldout/mean") is not None for r in rows)  # the periodic learning curve
+
+
+@pytest.mark.slow
+async def test_the_zero_variance_gate_learns_online_on_a_tiny_budget(tmp_path):
+    """The early gate end to end: its warm-up labels train it (refits in worker threads), it reports its live
+    figures, the family allocator's admission asks it, and no cut group reaches the learner."""
+    options = "{warmup = 6, refit_every = 3, explore = 0.25, min_flagged = 2, min_precision = 0.5}"
+    cfg = load(None, _tiny(tmp_path, 'gate.name="zero_variance"', f"gate.options={options}", "run.updates=4",
+                           'allocator.name="family"'))
+    result = await run_job(cfg, progress=Progress(cfg.run.updates, enabled=False))
+    summary = result.summary
+    assert summary["cut_groups_reaching_learner"] == 0 and summary["learner_updates"] >= 1
+    predictor = summary["gate_predictor"]
+    assert predictor["unbiased_labels"] >= 6 and predictor["refits"] >= 1
+    assert predictor["admission_screened"] >= 1  # the allocator asked at admission
+    assert "Zero-variance predictor" in (result.run_dir / "summary.md").read_text()
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("gate/zv/unbiased_labels" in row for row in rows)  # in the run's metrics as it goes

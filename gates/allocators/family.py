@@ -89,6 +89,10 @@ class FamilyAllocator(AllocatorBase):
         super().on_admitted(group_id, admission)
         self._admitted[self._family_of[admission.task_id]] += 1
 
+    def on_skipped(self, admission: Admission) -> None:
+        """An admission screen skipped the prompt (`pipeline.allocation.SkippingAllocator`): counted only."""
+        self.ledger.skipped()
+
     def decide(self, result: GroupResult, admission: Admission) -> list[GroupResult]:
         if not trainable(result):
             return self.drop()

@@ -21,3 +21,7 @@ class UniformAllocator(AllocatorBase):
         if not self.fits(self.ctx.group_size, free_slots):
             return None
         return Admission(task_id=self.next_task(), size=self.ctx.group_size)
+
+    def on_skipped(self, admission: Admission) -> None:
+        """An admission screen skipped the prompt (`pipeline.allocation.SkippingAllocator`): counted only."""
+        self.ledger.skipped()

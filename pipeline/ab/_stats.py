@@ -140,7 +140,7 @@ def pair_by_seed(
 
 
 def _paired(estimate_values: np.ndarray, seeds: tuple[int, ...], level: float, back: bool) -> PairedInterval:
-    mean, low, high = t_interval(estimate_values, level)
+    mean, low, high = t_interval(estimate_values.tolist(), level)
     f = math.exp if back else float
     return PairedInterval(f(mean), None if low is None else f(low), None if high is None else f(high), seeds,
                           "t" if low is not None else "point", level)

@@ -159,6 +159,7 @@ class WorkerPoolPolicy(Policy):
         return ActResult(
             action=reply.action, text=reply.text, prompt_ids=reply.prompt_ids, token_ids=reply.token_ids,
             logprobs=reply.logprobs, policy_version=reply.policy_version, choices=reply.choices, nucleus=reply.nucleus,
+            entropy=reply.entropy,
         )
 
     def load_weights(self, version: int, state: Mapping[str, Any]) -> None:

@@ -46,6 +46,7 @@ async def _answer(policy: Policy, request: ActRequest, index: int, scope: trio.C
             request_id=request.request_id, worker=index, action=result.action, text=result.text,
             prompt_ids=result.prompt_ids, token_ids=result.token_ids, logprobs=result.logprobs,
             policy_version=result.policy_version, choices=result.choices, nucleus=result.nucleus,
+            entropy=result.entropy,
         ))
 
 

@@ -30,6 +30,7 @@ import structlog
 import trio
 
 from gates.allocators import Allocator
+from gates.zero_variance import AdmissionScreen, ZeroVarianceGate
 from learner.trainer import Trainer
 from pipeline.allocation import SlotPool, StalenessPacer
 from pipeline.config import RunConfig
@@ -43,6 +44,7 @@ from pipeline.sealing import new_secret
 from pipeline.stage import Stage, StageContext
 from pipeline.transport import open_context
 from stages.envs.base import EnvSuite, Task
+from stages.gate_stage import GateStage
 from stages.policy.base import Policy
 from stages.rollout import RolloutStage
 
@@ -176,6 +178,7 @@ def _build(
     training_out, training = trio.open_memory_channel[GroupResult](4 * cfg.learner.batch_groups)
     lifecycle = GroupLifecycle(allocator, slots, pacer, counters, group_size=cfg.rollout.group_size,
                                training=stages.learner.training_sink(training_out), events=events.clone())
+    screen_admissions(lifecycle, stages.gate, tasks, policy)
     rollout = RolloutStage(
         suite, policy, tasks, profiler=profiler, step_timeout_s=cfg.rollout.step_timeout_s,
         max_error_rate=cfg.rollout.max_error_rate, min_trajectories=cfg.rollout.min_trajectories_for_error_rate,
@@ -196,6 +199,17 @@ def _build(
     policy.attach_profiler(profiler)  # a no-op unless the backend records its own spans (`Policy.attach_profiler`)
     phase.started = counters.window_started = trio.current_time()
     return _Wiring(phase, rollout, stages, heldout, recorder, events, events_in, training)
+
+
+def screen_admissions(lifecycle: GroupLifecycle, gate: GateHandle | None, tasks: Mapping[str, Task], policy: Policy) -> bool:
+    """Let the zero-variance gate skip prompts at admission (k = 0) where it runs in this process and cuts
+    (not in shadow mode) and the allocator can skip; True when wired. In processes mode the gate's model
+    lives in its child: prompts are not screened (its in-flight checkpoints still run)."""
+    if not (isinstance(gate, GateStage) and isinstance(gate.gate, ZeroVarianceGate)):
+        return False
+    if gate.shadow or not gate.gate.options.admission:
+        return False
+    return lifecycle.admission.use_screen(AdmissionScreen(gate.gate, tasks, lambda: policy.version))
 
 
 async def _start_stages(work: trio.Nursery, w: _Wiring, zmq: Any, ctx: StageContext, reached: Any, observing: trio.Nursery) -> None:

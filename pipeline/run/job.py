@@ -52,6 +52,7 @@ from .summary import (
     fmt_eval,
     group_kinds_table,
     mean_success,
+    predictor_table,
     reports_from_json,
     reports_to_json,
     summary,
@@ -310,7 +311,8 @@ async def _finish(
         f"Held-out success by family ({cfg.eval.range} range)": family_table(before, after),
         "Training groups by family": group_kinds_table(outcome.counters.kinds_by_family),
         "Decoder work by fate": ledger_table(figures["ledger"]),
-    })
+    } | ({"Zero-variance predictor (unbiased sample)": predictor_table(figures["gate_predictor"])}
+         if figures.get("gate_predictor") else {}))
     log.info("job.finished", **{k: v for k, v in figures.items() if not isinstance(v, dict | list)})
     if interrupted:
         raise RunInterrupted(run_dir, version)

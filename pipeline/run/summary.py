@@ -91,7 +91,8 @@ def gate_label(cfg: RunConfig, outcome: GrpoOutcome) -> str:
         return "off"
     gate = build_gate(cfg)  # the gate as configured, its own defaults resolved (wherever the stage ran)
     options = getattr(gate, "options", None)  # a plugin gate need not keep its options
-    shown = [f"{label}={getattr(options, key)}" for label, key in (("K", "k"), ("tau", "tau")) if hasattr(options, key)]
+    shown = [f"{label}={getattr(options, key)}" for label, key in (("K", "k"), ("tau", "tau"))
+             if getattr(options, key, None) is not None]  # (the zero_variance gate has neither: None)
     return " ".join([cfg.gate.name, *shown]) + (" shadow" if cfg.gate.shadow else "")
 
 
@@ -133,6 +134,7 @@ def _throughput_figures(
     return {
         "gate_precision": gate_stats.get("gate/precision"),
         "gate_recall": gate_stats.get("gate/recall"),
+        "gate_predictor": {k.removeprefix("gate/zv/"): v for k, v in gate_stats.items() if k.startswith("gate/zv/")},
         "gate_us_per_decision": gate_stats.get("gate/us_per_decision"),
         "gate_cpu_us_per_decision": gate_stats.get("gate/cpu_us_per_decision"),
         "slot_occupancy": outcome.slot_occupancy,
@@ -151,3 +153,20 @@ def _throughput_figures(
         # of uncut groups only: a gate cuts mostly failing ones, so with cuts this reads high
         "train_success_rate": counters.successes / counters.rollouts_finished if counters.rollouts_finished else None,
     }
+
+
+def predictor_table(figures: Mapping[str, Any]) -> str:
+    """The zero-variance gate's live figures on its unbiased sample (`summary["gate_predictor"]`), a row per
+    checkpoint k (0 = admission): threshold, precision and recall with their 95 % Wilson intervals."""
+
+    def cell(name: str, k: str) -> str:
+        value, lo, hi = (figures.get(f"{name}{part}@{k}") for part in ("", "_lo", "_hi"))
+        return "-" if value is None else f"{value:.2f} [{lo:.2f}, {hi:.2f}]"
+
+    ks = sorted({int(key.rsplit("@", 1)[1]) for key in figures if key.startswith("threshold@")})
+    lines = ["| k | threshold | flagged | precision [95 %] | recall [95 %] |", "|---|---|---|---|---|"]
+    for k in map(str, ks):
+        threshold = figures.get(f"threshold@{k}")
+        lines.append(f"| {k} | {'-' if threshold is None else f'{threshold:.3f}'} | {figures.get(f'flagged@{k}', 0)} "
+                     f"| {cell('precision', k)} | {cell('recall', k)} |")
+    return "\n".join(lines)

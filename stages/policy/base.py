@@ -62,6 +62,10 @@ class ActResult:
     nucleus: list[int] = field(default_factory=list)
     """Each token's nucleus size at sampling (`stages.policy.sampling.nucleus_sizes`); [] = not recorded
     (no top-p, or a backend that does not report it: the learner then applies the top-p rule)."""
+    entropy: float | None = None
+    """Entropy (nats) of the step's choice distribution: over the admissible commands when one is drawn whole,
+    else the mean over the generated tokens of each token's sampling distribution; None = not known (vLLM
+    returns only the sampled token's log-prob). An early signal for gates (`StepEvent.entropy`)."""
 
 
 @dataclass(frozen=True, slots=True)

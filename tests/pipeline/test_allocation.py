@@ -135,3 +135,76 @@ async def test_a_trajectory_frees_its_slot_when_it_ends_not_when_its_group_does(
         assert started[-1] == (2.0, 2) and slots.free == 0
         assert loop.backfills == 0  # nothing was cut
         nursery.cancel_scope.cancel()
+
+
+class _Screen:
+    """Skips the tasks named in `skip`; records what was admitted."""
+
+    def __init__(self, skip):
+        self.skip_ids, self.asked, self.started = set(skip), [], []
+
+    def skip(self, task_id):
+        self.asked.append(task_id)
+        return task_id in self.skip_ids
+
+    def admitted(self, group_id, task_id):
+        self.started.append((group_id, task_id))
+
+
+class _SkippingPolicy:
+    """Proposes t0, t1, t2... (a new prompt each time); counts the skipped ones."""
+
+    def __init__(self, kind="group"):
+        self.proposed = self.admitted = 0
+        self.skipped, self.kind = [], kind
+
+    def next_admission(self, free_slots):
+        self.proposed += 1
+        return _Kinded(f"t{self.proposed - 1}", 2, self.kind)
+
+    def on_admitted(self, group_id, admission):
+        self.admitted += 1
+
+    def on_skipped(self, admission):
+        self.skipped.append(admission.task_id)
+
+
+@dataclass
+class _Kinded:
+    task_id: str
+    size: int
+    kind: str
+
+
+async def test_a_screened_prompt_is_skipped_and_the_allocator_told():
+    policy, started = _SkippingPolicy(), []
+    loop = AdmissionLoop(policy, SlotPool(4), StalenessPacer(8, 0), lambda gid, adm: started.append((gid, adm.task_id)))
+    screen = _Screen({"t0", "t2"})
+    assert loop.use_screen(screen)
+    assert loop.admit_ready() == 2
+    assert started == [(0, "t1"), (1, "t3")]  # group ids are issued to admitted groups only
+    assert policy.skipped == ["t0", "t2"] and loop.prompts_skipped == 2
+    assert screen.started == [(0, "t1"), (1, "t3")]
+
+
+async def test_later_stages_are_not_screened_and_skips_in_a_row_are_bounded():
+    from pipeline.allocation import MAX_SKIPS_IN_ROW
+
+    policy = _SkippingPolicy(kind="commit")
+    loop = AdmissionLoop(policy, SlotPool(2), StalenessPacer(8, 0), lambda gid, adm: None)
+    screen = _Screen({"t0"})
+    loop.use_screen(screen)
+    assert loop.admit_ready() == 1 and screen.asked == [] and screen.started == []
+    everything = _Screen({f"t{i}" for i in range(1000)})
+    policy = _SkippingPolicy()
+    loop = AdmissionLoop(policy, SlotPool(2), StalenessPacer(8, 0), lambda gid, adm: None)
+    loop.use_screen(everything)
+    assert loop.admit_ready() == 1  # the run never stalls on a screen that skips everything
+    assert len(policy.skipped) == MAX_SKIPS_IN_ROW and everything.started == []
+
+
+async def test_an_allocator_that_cannot_skip_is_never_screened():
+    loop = AdmissionLoop(_Policy(2), SlotPool(2), StalenessPacer(8, 0), lambda gid, adm: None)
+    screen = _Screen({"t0"})
+    assert not loop.use_screen(screen)
+    assert loop.admit_ready() == 1 and screen.asked == []

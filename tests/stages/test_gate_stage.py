@@ -152,3 +152,32 @@ def test_prefix_decide_with_fewer_than_two_rollouts_is_no_decision():
 
     decision = decide([["look"] * 10], 10, 0.6)
     assert not decision.cut and "no decision" in decision.reason
+
+
+def test_a_learning_gate_gets_the_prompt_side_and_labels_but_never_a_cut_groups():
+    from gates.zero_variance import ZeroVarianceGate
+
+    gate = ZeroVarianceGate(ZeroVarianceGate.Options(warmup=100))
+    stage = GateStage(gate)
+    assert stage.learning is gate
+    opened = [GroupOpened(group_id=g, task_id=f"t{g}", size=2, policy_version=0, admitted_at=0.0, family="clean",
+                          split="train", features={"rooms": 2.0}) for g in (1, 2)]
+    _feed(stage, opened)
+    assert gate._task_names == ["rooms"] and gate._groups[1].family == "clean"
+    _feed(stage, [GroupClosed(group_id=1, rewards=[0.0, 0.0], cut=False, steps=4),
+                  GroupClosed(group_id=2, rewards=[0.0, 0.0], cut=True, steps=4)])
+    assert gate.unbiased_labels == 1  # group 1 only: group 2 was cut, its label is never asked for
+    assert stage.statistics()["gate/zv/unbiased_labels"] == 1
+
+
+async def test_the_stage_runs_a_learning_gates_refits_beside_its_loop():
+    from gates.zero_variance import ZeroVarianceGate
+
+    gate = ZeroVarianceGate(ZeroVarianceGate.Options(warmup=100, refit_every=1))
+    fitted = []
+    gate.fit = lambda xs, ys, settings: fitted.append(len(ys))
+    stage = GateStage(gate)
+    messages = [GroupOpened(group_id=1, task_id="t", size=2, policy_version=0, admitted_at=0.0),
+                GroupClosed(group_id=1, rewards=[1.0, 0.0], cut=False, steps=2)]
+    await _run_gate(stage, messages, expect=0, until=lambda: gate.refits == 1)
+    assert fitted == [1] + [0] * len(gate.checkpoints)  # admission's row; no step reached a checkpoint

@@ -395,3 +395,23 @@ async def test_a_cut_of_a_group_the_gate_never_gates_is_dropped_at_the_control_s
         assert cut[0] is True and 1 not in cut and 1 in stage._scopes  # the ungated group runs on
         assert zmq.dropped_frames()["control"] == {"not_gated": 1}
         nursery.cancel_scope.cancel()
+
+
+class _SignallingPolicy:
+    version = 3
+
+    async def act(self, context, *, greedy=False):
+        return ActResult(action="count", text="count", prompt_ids=[1], token_ids=[2, 3], logprobs=[-0.25, -0.5],
+                         policy_version=self.version, entropy=0.7)
+
+
+async def test_step_events_carry_the_early_signals_and_the_group_its_prompt_side(autojump_clock):
+    task = Task(task_id="t1", family="clean", description="d", split="heldout_unseen", features={"rooms": 2.0})
+    send, receive = trio.open_memory_channel(1000)
+    stage = RolloutStage(Suite(win_at=2), _SignallingPolicy(), {"t1": task}, send, profiler=Profiler(enabled=False))
+    await stage.run_group(1, "t1", 2)
+    events = _drain(receive)
+    opened = events[0]
+    assert (opened.family, opened.split, opened.features) == ("clean", "heldout_unseen", {"rooms": 2.0})
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    assert steps and all(e.logprob == pytest.approx(-0.75) and e.entropy == 0.7 for e in steps)

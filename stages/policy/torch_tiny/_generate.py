@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from stages.policy.choices import ChoiceTrie, mask_logits, step_mask
-from stages.policy.sampling import nucleus_sizes, sampled_logprobs
+from stages.policy.sampling import nucleus_sizes, sampled_logprobs, sampling_entropy
 
-from ._commands import chosen_factors, command_scores
+from ._commands import chosen_factors, command_logdist, command_scores
 from ._model import KVCache, TinyLM
 
 
@@ -35,6 +35,9 @@ class Sample:
     nucleus: list[int] = field(default_factory=list)
     """Each token's nucleus size (`stages.policy.sampling.nucleus_sizes`); [] when the distribution has no
     nucleus (top_p = 1 or temperature <= 0)."""
+    entropy: float | None = None
+    """Entropy (nats) of the choice: of the command distribution when a command is drawn whole, else the mean
+    of each generated token's sampling entropy (`ActResult.entropy`); None where not computed."""
 
 
 def choose_tokens(
@@ -130,6 +133,7 @@ def _decode_tokens(
     tokens = torch.empty(B, max_new_tokens, dtype=torch.long, device=device)  # [B, N]
     logps = torch.empty(B, max_new_tokens, device=device)  # [B, N]
     nuclei = torch.empty(B, max_new_tokens, dtype=torch.long, device=device)  # [B, N]
+    entropies = torch.empty(B, max_new_tokens, device=device)  # [B, N]
     done = torch.zeros(B, dtype=torch.bool, device=device)  # [B]
     steps = 0
     for t in range(max_new_tokens):
@@ -141,6 +145,7 @@ def _decode_tokens(
         tokens[:, t] = tok
         logps[:, t] = sampled_logprobs(logits, tok, temperature=temperature, top_p=top_p, nucleus=sizes)
         nuclei[:, t] = sizes
+        entropies[:, t] = sampling_entropy(logits, temperature=temperature, top_p=top_p, nucleus=sizes)
         steps = t + 1
         done |= torch.isin(tok, stops)
         if bool(done.all()) or steps == max_new_tokens:
@@ -151,9 +156,11 @@ def _decode_tokens(
 
     recorded = _has_nucleus(temperature, top_p)
     samples = []
-    for row, lp, k in zip(tokens[:, :steps].tolist(), logps[:, :steps].tolist(), nuclei[:, :steps].tolist(), strict=True):
+    rows = zip(tokens[:, :steps].tolist(), logps[:, :steps].tolist(), nuclei[:, :steps].tolist(),
+               entropies[:, :steps].tolist(), strict=True)
+    for row, lp, k, ent in rows:
         end = next((j + 1 for j, x in enumerate(row) if x in stop_ids), len(row))
-        samples.append(Sample(row[:end], lp[:end], k[:end] if recorded else []))
+        samples.append(Sample(row[:end], lp[:end], k[:end] if recorded else [], sum(ent[:end]) / end))
     return samples
 
 
@@ -224,4 +231,12 @@ def _draw_commands(
     )  # [n, width]
     commands = [list(options[int(j)]) for options, j in zip(choices, picked, strict=True)]
     recorded = _has_nucleus(temperature, top_p)
-    return [Sample(c, logp[r, : len(c)].tolist(), [int(sizes[r])] * len(c) if recorded else []) for r, c in enumerate(commands)]
+    entropy = command_entropy(command_logdist(scores, picked, temperature=temperature, top_p=top_p, nucleus=sizes)).tolist()  # [n]
+    return [Sample(c, logp[r, : len(c)].tolist(), [int(sizes[r])] * len(c) if recorded else [], entropy[r])
+            for r, c in enumerate(commands)]
+
+
+def command_entropy(logdist: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of each row's distribution over commands: [N, K] log-probs (-inf outside) -> [N]."""
+    p = logdist.exp()  # [N, K], 0 where -inf
+    return -(p * logdist.masked_fill(~torch.isfinite(logdist), 0.0)).sum(dim=-1)

@@ -260,6 +260,7 @@ class TorchTinyPolicy(Policy):
                     policy_version=version,
                     choices=options,
                     nucleus=sample.nucleus,
+                    entropy=sample.entropy,
                 )
             )
         return results

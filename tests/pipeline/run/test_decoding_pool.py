@@ -71,6 +71,7 @@ def test_the_pool_answers_what_one_local_policy_answers(setup):
     assert [r.nucleus for r in got] == [r.nucleus for r in expected] and all(r.nucleus for r in got)
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+        assert a.entropy is not None and a.entropy == pytest.approx(b.entropy, abs=1e-5)  # the early signal crosses too
     assert pool.statistics().answered == len(contexts)
 
 

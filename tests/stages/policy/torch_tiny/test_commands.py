@@ -188,3 +188,15 @@ def test_a_drawn_command_is_rescored_exactly_under_its_recorded_nucleus_at_every
             torch.testing.assert_close(scored.logprobs[0, :n], recorded, atol=1e-5, rtol=0)
             rule_flips += float((by_rule.logprobs[0, :n] - recorded).abs().max()) > 1e-3
     assert rule_flips > 0
+
+
+def test_a_drawn_command_reports_the_entropy_of_the_command_distribution(model: TinyLM) -> None:
+    model.choose_by = "command"
+    scores = command_scores(model, PROMPTS, CHOICES).detach()
+    samples = generate(
+        model, PROMPTS, uniforms=torch.full((2, 6), 0.3), greedy=[False, False], max_new_tokens=6, temperature=0.7,
+        top_p=1.0, stop_ids=(2,), choices=CHOICES,
+    )
+    for r, sample in enumerate(samples):
+        p = torch.softmax(scores[r, : len(CHOICES[r])].double() / 0.7, 0)
+        assert sample.entropy == pytest.approx(float(-(p * p.log()).sum()), abs=1e-6)

@@ -191,3 +191,18 @@ def test_a_sampled_completion_is_rescored_exactly_alone_and_beside_longer_turns_
                 by_rule = model.completion_logprobs(prompts, completions, temperature=temperature, top_p=top_p)
                 rule_flips += float((by_rule.logprobs[-1, :n] - recorded).abs().max()) > 1e-3
     assert rule_flips > 0  # the top-p rule recomputed by the learner did flip at some boundary here
+
+
+def test_a_decoded_action_reports_its_mean_token_entropy(model: TinyLM) -> None:
+    from stages.policy.sampling import sampling_entropy
+
+    (sample,) = _run(model, PROMPTS[:1], temperature=0.7, top_p=1.0)
+    # recompute each generated token's distribution with the uncached reference and average its entropy
+    ids = list(PROMPTS[0])
+    entropies = []
+    for token in sample.token_ids:
+        logits = model.logits(model.hidden(torch.tensor([ids]), torch.arange(len(ids))[None], torch.ones(1, len(ids), dtype=torch.bool))[:, -1])
+        entropies.append(float(sampling_entropy(logits.float(), temperature=0.7, top_p=1.0)[0]))
+        ids.append(token)
+    assert sample.entropy == pytest.approx(sum(entropies) / len(entropies), abs=1e-4)
+    assert sample.entropy > 0

@@ -1,0 +1,54 @@
+"""The zero-variance gate offline: fitted on recorded groups, scored on others, and started from the file."""
+
+import random
+
+import msgspec
+
+from gates.calibration import RecordedGroup
+from gates.zero_variance import SavedModels, ZeroVarianceGate
+from gates.zero_variance_offline import fit_offline, replay, score_offline
+from pipeline.contracts import Task
+from pipeline.messages import StepEvent
+
+G, STEPS = 4, 12
+
+
+def _group(i: int, stuck: bool, seed: int) -> RecordedGroup:
+    events = []
+    for s in range(STEPS):
+        for r in range(G):
+            won = not stuck and r < 2 and s == STEPS - 1
+            events.append(StepEvent(group_id=i, rollout_index=r, step_index=s, action="look" if stuck else f"go {r}.{s}",
+                                    done=s == STEPS - 1, reward=float(won), policy_version=0, admissible=not stuck,
+                                    new_observation=not stuck, logprob=-0.1 if stuck else -1.0, entropy=0.1 if stuck else 1.0))
+    rewards = [0.0] * G if stuck else [1.0, 1.0, 0.0, 0.0]
+    return RecordedGroup(task_id=f"t{i % 4}", seed=seed, events=events, tokens=[[1] * STEPS for _ in range(G)],
+                         rewards=rewards, complete=[True] * G)
+
+
+def _groups(seed: int, n: int = 80) -> list[RecordedGroup]:
+    rng = random.Random(seed)
+    return [_group(i, rng.random() < 0.5, seed) for i in range(n)]
+
+
+TASKS = {f"t{i}": Task(f"t{i}", "f", "d", "train", {"size": float(i)}) for i in range(4)}
+
+
+def test_fitted_on_one_seed_it_cuts_the_other_seeds_stuck_groups_early(tmp_path):
+    options = ZeroVarianceGate.Options(min_flagged=5)
+    train, names = replay(_groups(0), TASKS, options)
+    assert all(r.label is not None for r in train) and names == ["size"]
+    saved = fit_offline(train, names, options)
+    assert saved.models[2].threshold is not None
+    held = _groups(1)
+    replayed, _ = replay(held, TASKS, options)
+    scores, total = score_offline(saved, held, replayed)
+    stuck = sum(r.label for r in replayed)
+    assert scores[2].cut == scores[2].true_positive == stuck  # every stuck group at k = 2, nothing else
+    assert scores[2].steps_saved == stuck * G * (STEPS - 2) and total == len(held) * G * STEPS
+
+    path = tmp_path / "zv.json"
+    path.write_bytes(msgspec.json.encode(saved))
+    assert msgspec.json.decode(path.read_bytes(), type=SavedModels) == saved
+    gate = ZeroVarianceGate(ZeroVarianceGate.Options(model=str(path)))
+    assert gate._models[2].coef == saved.models[2].coef and gate._models[2].threshold is None  # not before the warm-up
