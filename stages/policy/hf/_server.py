@@ -61,6 +61,25 @@ class HfSampling:
     """The action of a context without admissible commands."""
 
 
+@dataclass(frozen=True, slots=True)
+class HfStatistics:
+    batches: int
+    requests: int
+    """Requests scored (abandoned ones included)."""
+    dropped: int
+    """Requests abandoned before their batch started (never scored)."""
+    rows_scored: int
+    """Distinct (prompt, commands) rows scored: a row repeated within a batch is scored once."""
+    commands_scored: int
+    prompt_tokens: int
+    """Prompt tokens prefilled (distinct rows)."""
+    command_tokens: int
+    """Command tokens scored on the repeated prompt caches (distinct rows)."""
+    generated_tokens: int
+    """Tokens of the chosen commands (what the run counts as generated)."""
+    version: int
+
+
 @dataclass(eq=False, slots=True)
 class _Request:
     prompt: list[int]
@@ -199,10 +218,8 @@ class HfPolicy(PolicyHooks):
         """Record this server's batches (its worker thread's CPU included) as the `policy` stage."""
         self.profiler = profiler
 
-    def statistics(self) -> dict[str, int]:
-        """Batches, requests, dropped requests, distinct rows and commands scored, prompt and command tokens
-        encoded, chosen command tokens (`generated_tokens`), the version."""
-        return {**self._stats, "version": self.version}
+    def statistics(self) -> HfStatistics:
+        return HfStatistics(**self._stats, version=self.version)
 
     # ----------------------------------------------------------------------------------------------
 

@@ -69,7 +69,10 @@ async def test_every_action_is_an_admissible_command_recorded_with_its_choices(l
         assert len(set(result.nucleus)) == 1 and 1 <= result.nucleus[0] <= len(commands)
         assert sum(result.logprobs) <= 0 and all(math.isfinite(x) for x in result.logprobs)
     stats = policy.statistics()
-    assert stats["requests"] == 8 and stats["commands_scored"] == sum(len(c.admissible) for c in CONTEXTS)
+    assert stats.requests == 8 and stats.commands_scored == sum(len(c.admissible) for c in CONTEXTS)
+    assert stats.rows_scored == 8 and stats.generated_tokens == sum(len(r.token_ids) for r in results)
+    assert stats.prompt_tokens == sum(len(r.prompt_ids) for r in results)
+    assert stats.command_tokens == sum(len(t) for r in results for t in r.choices)
 
 
 async def test_the_choice_distribution_is_softmax_of_scores_over_temperature_in_the_nucleus(lm, prompt) -> None:  # noqa: ANN001
@@ -80,6 +83,8 @@ async def test_the_choice_distribution_is_softmax_of_scores_over_temperature_in_
     async with serving(policy):
         results = await act_in_order(policy, [context] * n)
     _, commands = command_choices(prompt, context.admissible)
+    stats = policy.statistics()
+    assert stats.requests == n and stats.rows_scored == stats.batches < n  # one prompt: scored once per batch
     with torch.no_grad():
         scores = choice_scores(lm, [prompt.build(context)], [commands])  # [1, K]
     assert len(set(scores[0].tolist())) == len(commands)
@@ -115,7 +120,7 @@ async def test_batching_does_not_change_a_requests_choice_or_log_probs(lm, promp
     batched = make_policy(lm, prompt, seed=5, max_batch=8, max_wait_ms=10_000)
     async with serving(batched):
         together = await act_in_order(batched, CONTEXTS)
-    assert one_by_one.statistics()["batches"] == 8 and batched.statistics()["batches"] == 1
+    assert one_by_one.statistics().batches == 8 and batched.statistics().batches == 1
     for a, b in zip(alone, together, strict=True):
         assert (a.token_ids, a.action, a.nucleus) == (b.token_ids, b.action, b.nucleus)
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-6, rtol=0)
