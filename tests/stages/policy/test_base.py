@@ -17,7 +17,7 @@ def test_every_optional_hook_has_a_no_op_default() -> None:
 
 
 def test_an_unknown_backend_is_one_problem() -> None:
-    assert check_backend(PolicySection(backend="nope")) == ["policy.backend: unknown policies 'nope' (known: torch_tiny, vllm)"]
+    assert check_backend(PolicySection(backend="nope")) == ["policy.backend: unknown policies 'nope' (known: hf, torch_tiny, vllm)"]
 
 
 def test_every_problem_of_the_torch_tiny_section_is_listed_at_once() -> None:
