@@ -1,4 +1,7 @@
-"""A tiny randomly initialised Llama and a word-level chat tokenizer, built in the test (no downloads)."""
+"""A tiny randomly initialised Llama and a word-level chat tokenizer, built in the test (no downloads).
+
+transformers is imported by the fixtures only, so this file imports without it; the modules that need it
+skip themselves (`pytest.importorskip`), which a conftest cannot do."""
 
 from __future__ import annotations
 
@@ -8,13 +11,12 @@ from typing import Any
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers", reason="the hf backend needs transformers (the `hf` extra)")
+from stages.policy.base import AgentContext
+from stages.policy.vllm._prompt import ChatPrompt
 
-from stages.policy.base import AgentContext  # noqa: E402
-from stages.policy.vllm._make_model import build_tokenizer  # noqa: E402
-from stages.policy.vllm._prompt import ChatPrompt  # noqa: E402
+from ..fake_suite import FindSuite
 
-from ..fake_suite import FindSuite  # noqa: E402
+SKIP_REASON = "the hf backend needs transformers (the `hf` extra)"
 
 COMMANDS = ("go to shelf 1", "go to shelf 2", "go to table 1", "go to table 2", "go to drawer 1", "take key from shelf 1")
 CONTEXTS = [
@@ -26,6 +28,7 @@ CONTEXTS = [
 
 
 def tiny_lm(tokenizer: Any, *, seed: int = 0) -> Any:
+    transformers = pytest.importorskip("transformers", reason=SKIP_REASON)
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -37,6 +40,9 @@ def tiny_lm(tokenizer: Any, *, seed: int = 0) -> Any:
 
 @pytest.fixture(scope="session")
 def tokenizer() -> Any:
+    pytest.importorskip("transformers", reason=SKIP_REASON)
+    from stages.policy.vllm._make_model import build_tokenizer
+
     return build_tokenizer(FindSuite().vocabulary())
 
 

@@ -8,11 +8,13 @@ import pytest
 import torch
 import trio
 
-from stages.policy.hf._learner import ChoiceTrainable
-from stages.policy.vllm._lora import LoraSettings, adapter_state
+pytest.importorskip("transformers", reason="the hf backend needs transformers (the `hf` extra)")
 
-from .conftest import CONTEXTS
-from .test_server import act_in_order, make_policy, serving
+from stages.policy.hf._learner import ChoiceTrainable  # noqa: E402
+from stages.policy.vllm._lora import LoraSettings, adapter_state  # noqa: E402
+
+from .conftest import CONTEXTS  # noqa: E402
+from .test_server import act_in_order, make_policy, serving  # noqa: E402
 
 
 async def _sampled(policy, contexts):  # noqa: ANN001, ANN202

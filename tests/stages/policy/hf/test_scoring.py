@@ -7,8 +7,10 @@ import math
 import pytest
 import torch
 
-from stages.policy.hf._scoring import choice_logprobs, choice_scores, compact, row_scores
-from stages.policy.torch_tiny._commands import command_logdist
+pytest.importorskip("transformers", reason="the hf backend needs transformers (the `hf` extra)")
+
+from stages.policy.hf._scoring import choice_logprobs, choice_scores, compact, row_scores  # noqa: E402
+from stages.policy.torch_tiny._commands import command_logdist  # noqa: E402
 
 PROMPTS = [[1, 5, 6, 7, 8], [1, 9, 10, 7], [1, 5, 6, 7, 8]]
 CHOICES = [[[11, 12, 2], [11, 13, 2], [14, 2], [15, 16, 17, 18, 2]], [[11, 2], [19, 2]], [[11, 12, 2], [11, 13, 2], [14, 2], [15, 16, 17, 18, 2]]]

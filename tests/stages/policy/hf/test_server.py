@@ -14,14 +14,16 @@ import torch
 import trio
 import trio.testing
 
-from stages.policy.base import ActResult, AgentContext, PolicyStopped
-from stages.policy.hf._scoring import choice_scores
-from stages.policy.hf._server import HfPolicy, HfSampling, command_choices
-from stages.policy.torch_tiny._commands import command_logdist
-from stages.policy.vllm._lora import LoraSettings
+pytest.importorskip("transformers", reason="the hf backend needs transformers (the `hf` extra)")
 
-from ..fake_suite import PLACES
-from .conftest import CONTEXTS, tiny_lm
+from stages.policy.base import ActResult, AgentContext, PolicyStopped  # noqa: E402
+from stages.policy.hf._scoring import choice_scores  # noqa: E402
+from stages.policy.hf._server import HfPolicy, HfSampling, command_choices  # noqa: E402
+from stages.policy.torch_tiny._commands import command_logdist  # noqa: E402
+from stages.policy.vllm._lora import LoraSettings  # noqa: E402
+
+from ..fake_suite import PLACES  # noqa: E402
+from .conftest import CONTEXTS, tiny_lm  # noqa: E402
 
 
 def make_policy(lm, prompt, *, seed: int = 0, lora: LoraSettings | None = None, model_path: str = "unused", **sampling) -> HfPolicy:  # noqa: ANN001, ANN003
