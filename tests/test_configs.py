@@ -15,9 +15,11 @@ CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_config_validates(path, tmp_path):
     overrides = []
-    if tomllib.loads(path.read_text()).get("policy", {}).get("backend") == "vllm":
-        if importlib.util.find_spec("vllm") is None:
-            pytest.skip("a vLLM config validates only where vLLM is installed (.ci/vllm-cpu runs it there)")
+    backend = tomllib.loads(path.read_text()).get("policy", {}).get("backend")
+    if backend in ("vllm", "hf"):
+        needs = {"vllm": "vllm", "hf": "transformers"}[backend]
+        if importlib.util.find_spec(needs) is None:
+            pytest.skip(f"a {backend} config validates only where {needs} is installed")
         (tmp_path / "config.json").write_text("{}")  # the model directory its users pass with --set
         overrides = [f'policy.model="{tmp_path}"']
     assert isinstance(load(path, overrides), RunConfig)

@@ -28,6 +28,7 @@ POLICIES = Registry(
     {
         "torch_tiny": "stages.policy.torch_tiny:torch_tiny_backend",
         "vllm": "stages.policy.vllm:vllm_backend",
+        "hf": "stages.policy.hf:hf_backend",
     },
 )
 

@@ -14,7 +14,7 @@ widen the nucleus to a scored token that left it after an update, so every loss 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Self
 
 import torch
 
@@ -69,7 +69,7 @@ class CausalLMTrainable:
         top_p: float,
         state: Mapping[str, Any] | None = None,
         lora: LoraSettings | None = None,
-    ) -> CausalLMTrainable:
+    ) -> Self:
         from transformers import AutoModelForCausalLM
 
         lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

@@ -76,7 +76,7 @@ def test_each_built_in_backend_keeps_the_declared_surface(backend: type[Policy])
 
 
 def test_an_unknown_backend_is_one_problem() -> None:
-    assert check_backend(PolicySection(backend="nope")) == ["policy.backend: unknown policies 'nope' (known: torch_tiny, vllm)"]
+    assert check_backend(PolicySection(backend="nope")) == ["policy.backend: unknown policies 'nope' (known: hf, torch_tiny, vllm)"]
 
 
 def test_every_problem_of_the_torch_tiny_section_is_listed_at_once() -> None:
