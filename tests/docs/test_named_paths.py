@@ -19,6 +19,7 @@ from pipeline.run.checks import load
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMED = re.compile(r"(?<![\w./-])((?:configs|docs|bench)/[\w.<>*{}/-]*)")
+WRITTEN = re.compile(r"(?:--out[ =]|> )$")  # what a command is told to write need not exist before it runs
 PLACEHOLDER = re.compile(r"[<>*{}]")  # configs/arms/<name>.toml, docs/ab/cost-study/runs/*-s11: patterns, not paths
 
 
@@ -31,7 +32,7 @@ def _help(argv: list[str]) -> str:
 
 def named_paths(text: str) -> set[str]:
     """The repository paths a text names (trailing punctuation and Markdown stripped; patterns left out)."""
-    paths = {m.group(1).rstrip(".,:;)`'\"") for m in NAMED.finditer(text)}
+    paths = {m.group(1).rstrip(".,:;)`'\"") for m in NAMED.finditer(text) if not WRITTEN.search(text[max(0, m.start() - 6):m.start()])}
     return {p for p in paths if not PLACEHOLDER.search(p)}
 
 
