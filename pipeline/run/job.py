@@ -33,16 +33,8 @@ from stages.envs import EnvSuite, Task
 from stages.evaluate import EvalReport, evaluate_splits
 from stages.policy import Policy
 
-from . import before_cache, resume
-from .build import (
-    build_allocator,
-    build_observers,
-    build_policy,
-    build_suite,
-    build_trainer,
-    cluster,
-    train_tasks,
-)
+from . import before_cache, build, resume
+from .build import cluster, train_tasks
 from .failure import failure_message, save_on_failure
 from .grpo import GrpoOutcome, run_grpo
 from .learning_curve import curve_points, write_learning_curve
@@ -100,7 +92,7 @@ def _periodic_evaluator(cfg: RunConfig, suite: EnvSuite, splits: dict[str, list[
     async def evaluate_version(version: int, state: Any) -> dict[str, float]:
         async with one_at_a_time:
             if not holder:
-                holder.append(await trio.to_thread.run_sync(lambda: build_policy(cfg, suite, workers=1)))
+                holder.append(await trio.to_thread.run_sync(lambda: build.policy(cfg, suite, workers=1)))
                 built.append(holder[0])
             policy = holder[0]
             policy.load_weights(version, state)
@@ -203,7 +195,7 @@ async def _run_phases(
     built: list[Policy], *, trackers: Trackers,
 ) -> JobResult:
     job = dict(checkpoint["job"]) if checkpoint else {}
-    suite = build_suite(cfg)
+    suite = build.suite(cfg)
     splits = heldout_tasks(cfg, suite)
     policy, warm_start_s = await _unless_stopped(stop, run_dir, _build_policy, cfg, suite, checkpoint, built)
     if "heldout_before" in job and job.get("heldout_range", "dev") == cfg.eval.range:
@@ -262,13 +254,13 @@ def _grpo_parts(
     cfg: RunConfig, suite: EnvSuite, policy: Policy, checkpoint: dict[str, Any] | None, run_dir: Path, job: dict[str, Any]
 ) -> _GrpoParts:
     train = train_tasks(cfg, suite)
-    allocator = build_allocator(cfg, train)
-    trainer = build_trainer(cfg, policy.trainable())
+    allocator = build.allocator(cfg, train)
+    trainer = build.trainer(cfg, policy.trainable())
     if checkpoint is not None:
         allocator.load_state_dict(checkpoint["allocator"])
         trainer.load_state_dict(checkpoint["trainer"])
         resume.set_rng_state(checkpoint["rng"])
-    observers = build_observers(cfg)
+    observers = build.observers(cfg)
     profiler = Profiler.from_config(cfg.profile, thread_cpu=cfg.profile.thread_cpu, gpu_stages=cfg.profile.gpu_stages)
     checkpointer = resume.Checkpointer(run_dir, cfg.run.checkpoint_every, job, keep_weights_every=cfg.run.keep_weights_every)
     checkpointer.latest = checkpoint
@@ -326,10 +318,10 @@ async def _build_policy(cfg: RunConfig, suite: EnvSuite, checkpoint: dict[str, A
     t0 = time.perf_counter()
     # Ctrl-C during the build (a vLLM engine's start) stops the wait at once; the policy is closed when it exists
     if checkpoint is None:
-        policy = await build_in_thread(lambda: build_policy(cfg, suite), _close)
+        policy = await build_in_thread(lambda: build.policy(cfg, suite), _close)
         built.append(policy)
         return policy, time.perf_counter() - t0
-    policy = await build_in_thread(lambda: build_policy(cfg, suite, warm_start=False), _close)
+    policy = await build_in_thread(lambda: build.policy(cfg, suite, warm_start=False), _close)
     built.append(policy)
     policy.load_weights(checkpoint["version"], published_weights(checkpoint["trainer"]))
     if checkpoint["policy"] is not None:
