@@ -53,6 +53,7 @@ from gates.calibration import (  # noqa: E402
     replay_cut,
 )
 from gates.combined import combine  # noqa: E402
+from pipeline.config import RolloutSection  # noqa: E402
 from pipeline.messages import GroupResult, RolloutFailed, StepEvent, TrajectoryStatus  # noqa: E402
 from pipeline.profiling import Profiler  # noqa: E402
 from pipeline.run import build  # noqa: E402
@@ -62,6 +63,8 @@ from pipeline.rundir import configure_logging  # noqa: E402
 from stages.rollout import RolloutStage  # noqa: E402
 
 CACHE = Path("runs/calibration")
+ROLLOUT = RolloutSection(max_error_rate=1.0)
+"""Recording runs every trajectory to the end: no error-rate stop."""
 SINGLE_KS = (3, 5, 8, 10, 12, 15, 20)
 SCHEDULES = ((5, 10, 15, 20), (8, 12, 16, 20), (10, 15, 20, 25), (5, 10), (10, 20))
 TAUS = tuple(round(0.05 * i, 2) for i in range(1, 20))
@@ -74,7 +77,7 @@ TAUS = tuple(round(0.05 * i, 2) for i in range(1, 20))
 async def _collect_async(cfg, suite, policy, tasks, seed: int) -> list[RecordedGroup]:
     size = cfg.rollout.group_size
     send, recv = trio.open_memory_channel(10_000)
-    stage = RolloutStage(suite, policy, {t.task_id: t for t in tasks}, send, profiler=Profiler(enabled=False))
+    stage = RolloutStage(suite, policy, {t.task_id: t for t in tasks}, ROLLOUT, send, profiler=Profiler(enabled=False))
     streams: dict[int, list[StepEvent | RolloutFailed]] = {}
     results: dict[int, GroupResult] = {}
     limit = trio.CapacityLimiter(max(1, cfg.rollout.slots // size))

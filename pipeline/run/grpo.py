@@ -180,9 +180,8 @@ def _build(
                                training=stages.learner.training_sink(training_out), events=events.clone())
     screen_admissions(lifecycle, stages.gate, tasks, policy)
     rollout = RolloutStage(
-        suite, policy, tasks, profiler=profiler, step_timeout_s=cfg.rollout.step_timeout_s,
-        max_error_rate=cfg.rollout.max_error_rate, min_trajectories=cfg.rollout.min_trajectories_for_error_rate,
-        on_trajectory_end=lifecycle.trajectory_finished, events=events.clone(),
+        suite, policy, tasks, cfg.rollout, profiler=profiler, on_trajectory_end=lifecycle.trajectory_finished,
+        events=events.clone(),
     )
     phase = Phase(cfg, counters, slots, pacer, lifecycle, rollout, allocator, policy, stages.gate, dropped_frames,
                   tokens_at_start=policy.statistics().generated_tokens)
