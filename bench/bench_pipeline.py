@@ -32,6 +32,7 @@ from pipeline.profiling import Profiler  # noqa: E402
 from pipeline.run import build  # noqa: E402
 from pipeline.run.checks import load  # noqa: E402
 from pipeline.run.grpo import run_grpo  # noqa: E402
+from pipeline.run.parts import RunParts  # noqa: E402
 from pipeline.rundir import MetricsWriter, configure_logging  # noqa: E402
 from stages.episode import EpisodeStep, play_episode  # noqa: E402
 
@@ -73,10 +74,10 @@ async def pipeline_run(cfg, policy, suite, tasks, run_dir: Path, *, profile: boo
     profiler = (Profiler.from_config(cfg.profile, thread_cpu=cfg.profile.thread_cpu, gpu_stages=cfg.profile.gpu_stages)
                 if profile else Profiler(enabled=True))
     async with profiler.sampling() if profile else contextlib.nullcontext():
-        outcome = await run_grpo(
-            cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in tasks}, allocator=allocator,
-            trainer=trainer, run_dir=run_dir, profiler=profiler, metrics=metrics,
-        )
+        outcome = await run_grpo(RunParts(
+            cfg=cfg, run_dir=run_dir, suite=suite, policy=policy, tasks={t.task_id: t for t in tasks},
+            allocator=allocator, trainer=trainer, profiler=profiler, metrics=metrics,
+        ))
     metrics.close()
     if profile:
         profiler.write(run_dir)

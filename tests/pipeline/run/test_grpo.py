@@ -8,6 +8,7 @@ from pipeline.profiling import Profiler
 from pipeline.run import build
 from pipeline.run.checks import load
 from pipeline.run.grpo import run_grpo
+from pipeline.run.parts import RunParts
 from pipeline.rundir import MetricsWriter
 
 START_S = 3.0
@@ -41,9 +42,10 @@ def test_occupancy_is_taken_after_the_policy_started(tmp_path):
     tasks = list(suite.tasks("train"))[: cfg.env.train_tasks]
     policy = _SlowToServe(build.policy(cfg, suite, warm_start=False))
     metrics = MetricsWriter(tmp_path)
-    outcome = trio.run(lambda: run_grpo(
-        cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in tasks}, allocator=build.allocator(cfg, tasks),
-        trainer=build.trainer(cfg, policy.trainable()), run_dir=tmp_path, profiler=Profiler(enabled=True), metrics=metrics))
+    outcome = trio.run(lambda: run_grpo(RunParts(
+        cfg=cfg, run_dir=tmp_path, suite=suite, policy=policy, tasks={t.task_id: t for t in tasks},
+        allocator=build.allocator(cfg, tasks), trainer=build.trainer(cfg, policy.trainable()),
+        profiler=Profiler(enabled=True), metrics=metrics)))
     metrics.close()
     start = outcome.wall_s - outcome.rollout_wall_s
     assert start == pytest.approx(outcome.counters.start_s, abs=1e-3)
