@@ -234,16 +234,16 @@ def _resume(args: argparse.Namespace) -> int:
 async def _pretrain(cfg) -> None:  # noqa: ANN001
 
     from pipeline.progress import Progress
-    from pipeline.run.build import build_policy, build_suite
+    from pipeline.run import build
     from pipeline.run.job import _close_policies, evaluate_heldout, heldout_tasks
     from pipeline.run.teardown import build_in_thread
     from pipeline.rundir import configure_logging
 
     configure_logging(None)
     Progress(0, enabled=cfg.run.progress).activate()
-    suite = build_suite(cfg)
+    suite = build.suite(cfg)
     # Ctrl-C during the build (a vLLM engine's start): the policy is closed once it exists (main waits for that)
-    policy = await build_in_thread(lambda: build_policy(cfg, suite), lambda built: built.close())
+    policy = await build_in_thread(lambda: build.policy(cfg, suite), lambda built: built.close())
     try:
         reports = await evaluate_heldout(policy, suite, heldout_tasks(cfg, suite), cfg.eval.greedy)
     finally:  # a backend holding an engine (vllm) shuts it down; main's os._exit would orphan its processes

@@ -30,7 +30,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.progress import Progress  # noqa: E402
-from pipeline.run.build import build_policy, build_suite  # noqa: E402
+from pipeline.run import build  # noqa: E402
 from pipeline.run.checks import load  # noqa: E402
 from pipeline.task_ranges import RANGES, task_range  # noqa: E402
 from stages.evaluate import evaluate, evaluate_splits  # noqa: E402
@@ -57,18 +57,18 @@ async def _timed(policy, run) -> tuple[dict, float, float, int | None]:  # noqa:
 async def main(args: argparse.Namespace) -> None:
     cfg = load(args.config, args.set)
     Progress(0, enabled=args.progress).activate()
-    suite = build_suite(cfg)
+    suite = build.suite(cfg)
     splits = {split: task_range(suite.tasks(split), args.range, cfg.eval.sizes(), args.tasks) for split in cfg.eval.splits}
     rows = []
 
     async def per_split(policy) -> dict:  # noqa: ANN001
         return {s: await evaluate(policy, suite, tasks, concurrency=64) for s, tasks in splits.items()}
 
-    base = await trio.to_thread.run_sync(build_policy, cfg, suite)
+    base = await trio.to_thread.run_sync(build.policy, cfg, suite)
     rows.append((f"per split, 64 at a time (max_batch {cfg.policy.max_batch})", *await _timed(base, lambda: per_split(base))))
     for max_batch in args.max_batch:
         cfg_b = msgspec.structs.replace(cfg, policy=msgspec.structs.replace(cfg.policy, max_batch=max_batch))
-        policy = await trio.to_thread.run_sync(build_policy, cfg_b, suite)
+        policy = await trio.to_thread.run_sync(build.policy, cfg_b, suite)
         rows.append(
             (f"all splits at once (max_batch {max_batch})",
              *await _timed(policy, lambda p=policy: evaluate_splits(p, suite, splits)))

@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.run.build import build_suite  # noqa: E402
+from pipeline.run import build  # noqa: E402
 from pipeline.run.checks import load  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
 from stages.policy.hf._scoring import row_scores  # noqa: E402
@@ -77,7 +77,7 @@ def main() -> None:
     from stages.policy.hf import hf_backend
 
     cfg = load(args.config, args.overrides)
-    suite = build_suite(cfg)
+    suite = build.suite(cfg)
     policy = hf_backend(cfg.policy, cfg.pretrain, suite, seed=0)
     lm, prompt = policy.model, policy.prompt
     rows = []

@@ -29,9 +29,10 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, as the other benches
 
 from pipeline.profiling import Profiler  # noqa: E402
-from pipeline.run.build import build_allocator, build_policy, build_suite, build_trainer  # noqa: E402
+from pipeline.run import build  # noqa: E402
 from pipeline.run.checks import load  # noqa: E402
 from pipeline.run.grpo import run_grpo  # noqa: E402
+from pipeline.run.parts import RunParts  # noqa: E402
 from pipeline.rundir import MetricsWriter, configure_logging  # noqa: E402
 from stages.episode import EpisodeStep, play_episode  # noqa: E402
 
@@ -67,16 +68,16 @@ async def bare_loop(policy, suite, tasks, slots: int, seconds: float) -> float:
 async def pipeline_run(cfg, policy, suite, tasks, run_dir: Path, *, profile: bool = False):
     """The GRPO phase on `policy` for `cfg.run.max_wall_s`. `profile`: profile it as a run does (`[profile]`:
     GPU stages, CPU and NVML sampling) and write profile.json / profile_table.json / profile.png in `run_dir`."""
-    allocator = build_allocator(cfg, list(tasks))
-    trainer = build_trainer(cfg, policy.trainable())
+    allocator = build.allocator(cfg, list(tasks))
+    trainer = build.trainer(cfg, policy.trainable())
     metrics = MetricsWriter(run_dir)
     profiler = (Profiler.from_config(cfg.profile, thread_cpu=cfg.profile.thread_cpu, gpu_stages=cfg.profile.gpu_stages)
                 if profile else Profiler(enabled=True))
     async with profiler.sampling() if profile else contextlib.nullcontext():
-        outcome = await run_grpo(
-            cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in tasks}, allocator=allocator,
-            trainer=trainer, run_dir=run_dir, profiler=profiler, metrics=metrics,
-        )
+        outcome = await run_grpo(RunParts(
+            cfg=cfg, run_dir=run_dir, suite=suite, policy=policy, tasks={t.task_id: t for t in tasks},
+            allocator=allocator, trainer=trainer, profiler=profiler, metrics=metrics,
+        ))
     metrics.close()
     if profile:
         profiler.write(run_dir)
@@ -90,9 +91,9 @@ def main() -> None:
     args = parser.parse_args()
     configure_logging(None)
     base = load(None, [])
-    suite = build_suite(base)
+    suite = build.suite(base)
     print("building the default policy (cached warm start)...", flush=True)
-    policy = build_policy(base, suite)
+    policy = build.policy(base, suite)
     tasks = list(suite.tasks("train"))[: base.env.train_tasks]
     shadow = load(None, [
         "gate.shadow=true", "learner.batch_groups=1000000", "learner.max_staleness=0",

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from learner.items import TrainItem, shuffled_by_prompt  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
-from pipeline.run.build import build_policy, build_suite  # noqa: E402
+from pipeline.run import build  # noqa: E402
 from pipeline.run.checks import load  # noqa: E402
 from stages.lockstep import play_lockstep  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
@@ -99,8 +99,8 @@ def distinct_share(rows: Sequence[tuple[list[int], list[list[int]], int]]) -> fl
 def main(args: argparse.Namespace) -> None:
     cfg = load(args.config, args.set)
     Progress(0).activate()
-    suite = build_suite(cfg)
-    policy = build_policy(cfg, suite, workers=1)  # scored in this process, whatever policy.workers says
+    suite = build.suite(cfg)
+    policy = build.policy(cfg, suite, workers=1)  # scored in this process, whatever policy.workers says
     if not (policy.sampling.choose_admissible and policy.model.choose_by == "command"):
         sys.exit("bench_repeated_prompts: needs policy.options choose_admissible = true and choose_by = \"command\"")
     torch.set_num_threads(1)

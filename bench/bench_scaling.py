@@ -37,7 +37,7 @@ import msgspec
 import trio
 from bench_pipeline import pipeline_run  # noqa: I001 (bench/ is on sys.path when run as a script)
 
-from pipeline.run.build import build_backend, build_launcher, build_suite
+from pipeline.run import build
 from pipeline.run.checks import load
 from pipeline.run.decoding_pool import WorkerPoolPolicy
 from pipeline.rundir import configure_logging
@@ -56,8 +56,8 @@ def arm(cfg: Any, suite: Any, launcher: str, decoders: int, seed: int, run_dir: 
     """One GRPO phase with `decoders` workers placed by `launcher`; its figures."""
     cfg = msgspec.structs.replace(cfg, run=msgspec.structs.replace(cfg.run, seed=seed),
                                   placement=msgspec.structs.replace(cfg.placement, launcher="ray" if launcher == "ray" else "local"))
-    local = build_backend(cfg, suite)  # the cached warm start: every arm starts from the same weights
-    policy = WorkerPoolPolicy(local.trainable, cfg, workers=decoders, launcher=build_launcher(cfg))
+    local = build.backend(cfg, suite)  # the cached warm start: every arm starts from the same weights
+    policy = WorkerPoolPolicy(local.trainable, cfg, workers=decoders, launcher=build.launcher(cfg))
     tasks = list(suite.tasks("train"))[: cfg.env.train_tasks]
     cpu, wall = time.process_time(), time.perf_counter()
     outcome = trio.run(lambda: pipeline_run(cfg, policy, suite, tasks, run_dir, profile=True))
@@ -131,7 +131,7 @@ def main() -> None:
     configure_logging(None)
     load_before = os.getloadavg()
     cfg = load(None, [f"run.max_wall_s={args.seconds}", "run.progress=false", "run.updates=100000", *args.overrides])
-    suite = build_suite(cfg)
+    suite = build.suite(cfg)
 
     if "ray" in launchers:
         import ray

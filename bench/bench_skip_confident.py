@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from learner.trainer import Trainer  # noqa: E402
 from pipeline.messages import GroupResult, Trajectory, TrajectoryStatus, Turn  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
-from pipeline.run.build import build_policy, build_suite, build_trainer  # noqa: E402
+from pipeline.run import build  # noqa: E402
 from pipeline.run.checks import load  # noqa: E402
 from stages.lockstep import play_lockstep  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
@@ -92,8 +92,8 @@ def first_step_gradient(trainer: Trainer, groups: list[GroupResult]) -> torch.Te
 def main(args: argparse.Namespace) -> None:
     cfg = load(args.config, args.set)
     Progress(0).activate()
-    suite = build_suite(cfg)
-    policy = build_policy(cfg, suite, workers=1)  # scored in this process, whatever policy.workers says
+    suite = build.suite(cfg)
+    policy = build.policy(cfg, suite, workers=1)  # scored in this process, whatever policy.workers says
     torch.set_num_threads(1)
     tasks = list(suite.tasks("train"))[-args.groups :]
     played = play_groups(policy, suite, tasks, cfg.run.seed)
@@ -106,7 +106,7 @@ def main(args: argparse.Namespace) -> None:
 
     def trainer(skip: float) -> Trainer:
         model.load_state_dict(weights)
-        return build_trainer(msgspec.structs.replace(cfg, learner=msgspec.structs.replace(cfg.learner, skip_confident=skip)), model)
+        return build.trainer(msgspec.structs.replace(cfg, learner=msgspec.structs.replace(cfg.learner, skip_confident=skip)), model)
 
     best = dict.fromkeys(arms, float("inf"))
     skipped = 0.0

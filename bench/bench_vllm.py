@@ -35,7 +35,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.config import load_config  # noqa: E402
-from pipeline.run.build import build_suite  # noqa: E402
+from pipeline.run import build  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
 from stages.policy.vllm import VllmOptions, vllm_backend  # noqa: E402
 from stages.policy.vllm._make_model import UNTRAINED, ModelShape, make_model  # noqa: E402
@@ -48,7 +48,7 @@ def _ms(seconds: float | None) -> float:
     return float("nan") if seconds is None else seconds * 1000
 
 def contexts(cfg: Any, n: int) -> list[AgentContext]:
-    suite = build_suite(cfg)
+    suite = build.suite(cfg)
     env, out = suite.make(), []
     for task in list(suite.tasks("train"))[:n]:
         obs = env.reset(task)
@@ -159,11 +159,11 @@ def main() -> None:
     model = args.model
     if model is None:
         model = str(Path(tmp.name) / "tiny-llama")
-        make_model(Path(model), build_suite(cfg), shape=ModelShape(), bc=UNTRAINED, prompt_options=VllmOptions(), seed=0)
+        make_model(Path(model), build.suite(cfg), shape=ModelShape(), bc=UNTRAINED, prompt_options=VllmOptions(), seed=0)
     cfg = load_config(None, ["policy.backend=vllm", f'policy.model="{model}"', f"policy.max_batch={args.clients}"])
     torch.set_num_threads(1)
     started = time.perf_counter()
-    policy = vllm_backend(cfg.policy, cfg.pretrain, build_suite(cfg), seed=0)
+    policy = vllm_backend(cfg.policy, cfg.pretrain, build.suite(cfg), seed=0)
     print(f"model {model}, engine started in {time.perf_counter() - started:.0f} s, {args.clients} clients x "
           f"{args.requests} requests x {args.rounds} rounds, max_new_tokens {cfg.policy.max_new_tokens}")
     try:

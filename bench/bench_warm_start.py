@@ -27,22 +27,22 @@ from structlog.testing import capture_logs
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.progress import Progress  # noqa: E402
-from pipeline.run.build import build_policy, build_suite  # noqa: E402
+from pipeline.run import build  # noqa: E402
 from pipeline.run.checks import load  # noqa: E402
-from stages.policy.torch_tiny._build import bc_report, decode_options  # noqa: E402
+from stages.policy.torch_tiny._build import bc_report, decode_tiny_options  # noqa: E402
 
 
 def main(args: argparse.Namespace) -> None:
     cfg = load(args.config, args.set)
     Progress(0).activate()  # warm-start and evaluation progress on stderr
-    suite = build_suite(cfg)
+    suite = build.suite(cfg)
     started = time.perf_counter()
     with capture_logs() as logs:
-        policy = build_policy(cfg, suite, workers=1)  # scored in this process, whatever policy.workers says
+        policy = build.policy(cfg, suite, workers=1)  # scored in this process, whatever policy.workers says
     built_s = time.perf_counter() - started
     cached = any(e["event"] == "policy.bc.cache_hit" for e in logs)
     opts = msgspec.structs.replace(
-        decode_options(cfg.policy.options, cfg.policy.max_new_tokens), bc_eval_tasks=args.tasks, bc_group_tasks=args.groups
+        decode_tiny_options(cfg.policy.options, cfg.policy.max_new_tokens), bc_eval_tasks=args.tasks, bc_group_tasks=args.groups
     )
     torch.set_num_threads(1)
     report = bc_report(policy.model, policy.prompt, suite, policy.sampling, opts, seed=cfg.run.seed)

@@ -28,7 +28,7 @@ import trio
 from bench_pipeline import pipeline_run  # noqa: I001 (bench/ is on sys.path when run as a script)
 
 from pipeline.profiling import load_report
-from pipeline.run.build import build_policy, build_suite
+from pipeline.run import build
 from pipeline.run.checks import load
 from pipeline.rundir import configure_logging
 
@@ -52,7 +52,7 @@ def main() -> None:
     counts = arms(args.workers)
     configure_logging(None)
     cfg = load(None, [f"run.max_wall_s={args.seconds}", "run.progress=false", "run.updates=100000", *args.overrides])
-    suite = build_suite(cfg)
+    suite = build.suite(cfg)
     print(f"building the default policy (cached warm start; policy.device={cfg.policy.device}, "
           f"learner.device={cfg.learner.device})...", flush=True)
     tasks = list(suite.tasks("train"))[: cfg.env.train_tasks]
@@ -62,7 +62,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for workers in counts:
-                policy = build_policy(cfg, suite, workers=workers)
+                policy = build.policy(cfg, suite, workers=workers)
                 run_dir = Path(tmp) / f"w{workers}-{r}"
                 run_dir.mkdir()
                 outcome = trio.run(lambda: pipeline_run(cfg, policy, suite, tasks, run_dir, profile=args.out is not None))  # noqa: B023

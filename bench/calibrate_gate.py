@@ -53,15 +53,18 @@ from gates.calibration import (  # noqa: E402
     replay_cut,
 )
 from gates.combined import combine  # noqa: E402
+from pipeline.config import RolloutSection  # noqa: E402
 from pipeline.messages import GroupResult, RolloutFailed, StepEvent, TrajectoryStatus  # noqa: E402
 from pipeline.profiling import Profiler  # noqa: E402
+from pipeline.run import build  # noqa: E402
 from pipeline.run.before_cache import weights_digest  # noqa: E402
-from pipeline.run.build import build_policy, build_suite  # noqa: E402
 from pipeline.run.checks import load  # noqa: E402
 from pipeline.rundir import configure_logging  # noqa: E402
 from stages.rollout import RolloutStage  # noqa: E402
 
 CACHE = Path("runs/calibration")
+ROLLOUT = RolloutSection(max_error_rate=1.0)
+"""Recording runs every trajectory to the end: no error-rate stop."""
 SINGLE_KS = (3, 5, 8, 10, 12, 15, 20)
 SCHEDULES = ((5, 10, 15, 20), (8, 12, 16, 20), (10, 15, 20, 25), (5, 10), (10, 20))
 TAUS = tuple(round(0.05 * i, 2) for i in range(1, 20))
@@ -74,7 +77,7 @@ TAUS = tuple(round(0.05 * i, 2) for i in range(1, 20))
 async def _collect_async(cfg, suite, policy, tasks, seed: int) -> list[RecordedGroup]:
     size = cfg.rollout.group_size
     send, recv = trio.open_memory_channel(10_000)
-    stage = RolloutStage(suite, policy, {t.task_id: t for t in tasks}, send, profiler=Profiler(enabled=False))
+    stage = RolloutStage(suite, policy, {t.task_id: t for t in tasks}, ROLLOUT, send, profiler=Profiler(enabled=False))
     streams: dict[int, list[StepEvent | RolloutFailed]] = {}
     results: dict[int, GroupResult] = {}
     limit = trio.CapacityLimiter(max(1, cfg.rollout.slots // size))
@@ -130,9 +133,9 @@ def collect(overrides: Sequence[str], seed: int, n_groups: int, fresh: bool, con
             weights: str | None = None) -> list[RecordedGroup]:
     cfg = load(config, [*overrides, f"run.seed={seed}"])
     torch.set_num_threads(cfg.run.torch_threads)  # as run_job: one intra-op thread unless configured
-    suite = build_suite(cfg)
+    suite = build.suite(cfg)
     key = _served_key(cfg)
-    policy = build_policy(cfg, suite, workers=1) if key is None else None  # in this process, whatever policy.workers says
+    policy = build.policy(cfg, suite, workers=1) if key is None else None  # in this process, whatever policy.workers says
     if weights is not None:
         if policy is None:
             raise SystemExit("--weights is for the embedded policy (a served model's weights are its folder)")
@@ -143,7 +146,7 @@ def collect(overrides: Sequence[str], seed: int, n_groups: int, fresh: bool, con
     if path.exists() and not fresh:
         print(f"  seed {seed}: cached {path}", file=sys.stderr)
         return msgspec.msgpack.decode(path.read_bytes(), type=list[RecordedGroup])
-    policy = policy or build_policy(cfg, suite, workers=1)
+    policy = policy or build.policy(cfg, suite, workers=1)
     pool = list(suite.tasks("train"))
     pool = pool[: cfg.env.train_tasks] if cfg.env.train_tasks else pool
     tasks = random.Random(seed).sample(pool, n_groups)
@@ -359,7 +362,7 @@ def zero_variance_report(groups: Sequence[RecordedGroup], cfg, min_precision: fl
     from gates.zero_variance import ZeroVarianceGate
     from gates.zero_variance_offline import fit_offline, replay, score_offline
 
-    suite = build_suite(cfg)
+    suite = build.suite(cfg)
     tasks = {t.task_id: t for t in suite.tasks("train")}
     options = ZeroVarianceGate.Options(min_precision=min_precision)
     seeds = sorted({g.seed for g in groups})

@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.progress import Progress  # noqa: E402
-from pipeline.run.build import build_policy, build_suite  # noqa: E402
+from pipeline.run import build  # noqa: E402
 from pipeline.run.checks import load  # noqa: E402
 from pipeline.task_ranges import RANGES, task_range  # noqa: E402
 from stages.envs.household.engine import REQUIRED_STATE  # noqa: E402
@@ -173,8 +173,8 @@ def bad_mass(model: TinyLM, states: Sequence[Decision], chunk: int = 256) -> flo
 def main(args: argparse.Namespace) -> None:
     cfg = load(args.config, args.set)
     Progress(0).activate()
-    suite = build_suite(cfg)
-    policy = build_policy(cfg, suite, workers=1)  # scored in this process, whatever policy.workers says
+    suite = build.suite(cfg)
+    policy = build.policy(cfg, suite, workers=1)  # scored in this process, whatever policy.workers says
     torch.set_num_threads(args.threads)
     tasks = [t for split in ("heldout_seen", "heldout_unseen") for t in task_range(suite.tasks(split), args.range, cfg.eval.sizes(), args.tasks)]
     models = {"warm start": policy.model}

@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.progress import Progress  # noqa: E402
-from pipeline.run.build import build_policy, build_suite  # noqa: E402
+from pipeline.run import build  # noqa: E402
 from pipeline.run.checks import load  # noqa: E402
 from pipeline.task_ranges import RANGES, task_range  # noqa: E402
 from stages.envs.base import EnvSuite, Task  # noqa: E402
@@ -63,8 +63,8 @@ def main(args: argparse.Namespace) -> None:
     cfg = load(args.config, args.set)
     Progress(0).activate()
     torch.set_num_threads(args.threads)
-    suite = build_suite(cfg)
-    policy = build_policy(cfg, suite, workers=1)  # scored in this process, whatever policy.workers says
+    suite = build.suite(cfg)
+    policy = build.policy(cfg, suite, workers=1)  # scored in this process, whatever policy.workers says
     model, fmt, sampling = policy.model, policy.prompt, policy.sampling
 
     def held_out(n: int) -> list[Task]:

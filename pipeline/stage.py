@@ -61,7 +61,7 @@ class Stage(Protocol):
         ...
 
 
-STAGES = Registry("stages", {"gate": "stages.gate_plugin:gate_stage"})
+STAGES = Registry("stages", {"gate": "stages.gate_plugin:plugin_gate_stage"})
 
 
 def build_stage(target: str, options: Mapping[str, Any], where: str = "stages.options") -> Stage:

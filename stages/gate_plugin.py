@@ -19,9 +19,9 @@ class GateStageOptions(GateChoice, kw_only=True):
     """The gate: a registered name (`gates.GATES`) or `module:Class`."""
 
 
-def gate_stage(options: GateStageOptions) -> GateStage:
+def plugin_gate_stage(options: GateStageOptions) -> GateStage:
     gate = build_gate(options.gate, options.gate_options())
     return GateStage(gate, shadow=options.shadow)
 
 
-gate_stage.Options = GateStageOptions  # type: ignore[attr-defined]  # the plugin convention's `Options`
+plugin_gate_stage.Options = GateStageOptions  # type: ignore[attr-defined]  # the plugin convention's `Options`

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import structlog
 import trio
 
+from pipeline.config import RolloutSection
 from pipeline.ledger import Work
 from pipeline.messages import (
     AnyMessage,
@@ -146,20 +147,20 @@ class RolloutStage:
         suite: EnvSuite,
         policy: Policy,
         tasks: Mapping[str, Task],
+        cfg: RolloutSection,
         steps_out: trio.MemorySendChannel[StepStream] | None = None,
         *,
         profiler: Profiler,
         gate: GateIdentity | None = None,
         events: trio.MemorySendChannel[AnyMessage] | None = None,
         clock: Callable[[], float] = trio.current_time,
-        max_error_rate: float = 1.0,
-        min_trajectories: int = 50,
         on_trajectory_end: Callable[[], None] | None = None,
-        step_timeout_s: float = 0.0,
     ) -> None:
-        """`steps_out`: where step messages go (None: a channel of the stage's own, which `run` forwards to
-        the steps socket). `gate`: whose decisions `run` accepts (None: no gate runs, every cut is
-        dropped). `events`: applied cuts are forwarded there (the event stream)."""
+        """`cfg`: the `[rollout]` section (`max_error_rate`, `min_trajectories_for_error_rate`,
+        `step_timeout_s`); the rest is what only the run knows. `steps_out`: where step messages go (None: a
+        channel of the stage's own, which `run` forwards to the steps socket). `gate`: whose decisions `run`
+        accepts (None: no gate runs, every cut is dropped). `events`: applied cuts are forwarded there (the
+        event stream)."""
         self.suite = suite
         self.policy = policy
         self.tasks = tasks
@@ -171,7 +172,7 @@ class RolloutStage:
         self.events = events
         self.profiler = profiler
         self.clock = clock
-        self.step_timeout_s = step_timeout_s
+        self.step_timeout_s = cfg.step_timeout_s
         self._env_threads = trio.CapacityLimiter(1024)
         self._scopes: dict[int, trio.CancelScope] = {}
         self._gated: set[int] = set()
@@ -179,8 +180,8 @@ class RolloutStage:
         self._cuts: dict[int, _Cut] = {}
         self.on_trajectory_end = on_trajectory_end
         """Called once per trajectory as it ends (complete, failed or cut): frees its slot at once."""
-        self.max_error_rate = max_error_rate
-        self.min_trajectories = min_trajectories
+        self.max_error_rate = cfg.max_error_rate
+        self.min_trajectories = cfg.min_trajectories_for_error_rate
         self.env_steps = 0
         self.trajectories_ended = 0
         """Trajectories that completed or failed (cut ones are not counted)."""

@@ -30,8 +30,7 @@ import trio
 import zmq
 
 from pipeline.progress import Progress
-from pipeline.run import placement
-from pipeline.run.build import build_policy, build_suite
+from pipeline.run import build, placement
 from pipeline.run.checks import load
 from pipeline.run.job import RunFailed, RunInterrupted, run_job
 from stages.policy.base import AgentContext
@@ -86,13 +85,13 @@ async def _nothing_left() -> tuple[list[str], list[str]]:
 async def test_decoders_spread_over_the_worker_nodes_and_a_stranger_is_refused(cluster, tmp_path):
     head, workers = cluster
     cfg = load(None, _tiny(tmp_path, *ON_RAY, "pretrain.enabled=false"))
-    suite = build_suite(cfg)
+    suite = build.suite(cfg)
     task = list(suite.tasks("train"))[0]
     env = suite.make()
     obs = env.reset(task)
     context = AgentContext(task.description, obs.text, obs.admissible, ())
     env.close()
-    policy = build_policy(cfg, suite, warm_start=False)
+    policy = build.policy(cfg, suite, warm_start=False)
     async with trio.open_nursery() as nursery:
         await nursery.start(policy.serve)
         assert sorted(child.node for child in policy.children) == workers  # one per worker node, none on the head

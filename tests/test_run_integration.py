@@ -14,7 +14,7 @@ import structlog
 import trio
 
 from pipeline.progress import Progress
-from pipeline.run.build import build_suite
+from pipeline.run import build
 from pipeline.run.checks import load
 from pipeline.run.job import RunInterrupted, run_job
 from tests.plugin_faults import STOPS
@@ -177,7 +177,7 @@ async def test_the_family_allocator_runs_a_job_and_reports_its_weights(tmp_path)
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     weights = [{k: v for k, v in r.items() if k.startswith("allocator/weight/")} for r in rows if "allocator/groups_admitted" in r]
     assert len(weights) == cfg.run.updates
-    families = {t.family for t in build_suite(cfg).tasks("train")}
+    families = {t.family for t in build.suite(cfg).tasks("train")}
     assert all({k.removeprefix("allocator/weight/") for k in w} == families for w in weights)
     assert all(sum(w.values()) == pytest.approx(1.0) for w in weights)
 

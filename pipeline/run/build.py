@@ -5,7 +5,11 @@ custom stages.
 The main process and every child it launches (`pipeline/run/launch.py`: the gate stage, the learner stage,
 the decoding workers) build from the one config they were given, through these functions, so a component
 is built the same way wherever it runs. Nothing here starts anything: building is cheap and synchronous
-apart from the warm start of `build_backend`.
+apart from the warm start of `backend`.
+
+Each function is named by what it builds, and called through the module: `build.suite(cfg)`,
+`build.policy(cfg, suite)`, `build.gate(cfg)`, `build.trainer(cfg, model)`. (The registry-level builders,
+by a configured name, are `gates.build_gate`, `gates.allocators.build_allocator`, `stages.envs.build_suite`.)
 """
 
 from __future__ import annotations
@@ -17,9 +21,8 @@ from typing import Any
 
 import msgspec
 
-from gates import build_gate as build_named_gate
-from gates.allocators import Allocator, AllocatorContext
-from gates.allocators import build_allocator as build_named_allocator
+from gates import build_gate
+from gates.allocators import Allocator, AllocatorContext, build_allocator
 from gates.base import Gate
 from learner.losses import LOSSES
 from learner.stage import LearnerStage, ReportSink
@@ -36,11 +39,11 @@ from .decoding_pool import WorkerPoolPolicy
 from .launch import Launcher, LocalLauncher
 
 
-def build_suite(cfg: RunConfig) -> EnvSuite:
+def suite(cfg: RunConfig) -> EnvSuite:
     return envs.build_suite(cfg.env.name, cfg.env.options, max_steps=cfg.env.max_steps)
 
 
-def build_backend(cfg: RunConfig, suite: EnvSuite, *, warm_start: bool = True) -> Policy:
+def backend(cfg: RunConfig, suite: EnvSuite, *, warm_start: bool = True) -> Policy:
     """The configured policy backend in this process (`warm_start` False: its untrained weights, for a
     process that loads the run's weights next: a resumed run, a learner or decoding child)."""
     return POLICIES.get(cfg.policy.backend)(cfg.policy, _pretrain(cfg, warm_start), suite, seed=cfg.run.seed)
@@ -53,24 +56,24 @@ def trainable_source(cfg: RunConfig, suite: EnvSuite, *, warm_start: bool = True
     hook = getattr(POLICIES.get(cfg.policy.backend), "trainable", None)  # optional (`PolicyBackend.trainable`)
     if hook is not None:
         return partial(hook, cfg.policy, _pretrain(cfg, warm_start), suite, seed=cfg.run.seed)
-    return build_backend(cfg, suite, warm_start=warm_start).trainable
+    return backend(cfg, suite, warm_start=warm_start).trainable
 
 
 def _pretrain(cfg: RunConfig, warm_start: bool) -> PretrainSection:
     return cfg.pretrain if warm_start else msgspec.structs.replace(cfg.pretrain, enabled=False)
 
 
-def build_policy(cfg: RunConfig, suite: EnvSuite, *, warm_start: bool = True, workers: int | None = None) -> Policy:
+def policy(cfg: RunConfig, suite: EnvSuite, *, warm_start: bool = True, workers: int | None = None) -> Policy:
     """The run's policy: the backend, behind a pool of decoding workers when `policy.workers` (or `workers`)
     > 1, or on Ray whenever the caller did not ask for `workers` (`decoding_pool.py`; each worker builds its
-    backend with `build_backend`: `decoding_worker.py`; this process keeps only what it trains,
+    backend with `backend`: `decoding_worker.py`; this process keeps only what it trains,
     `trainable_source`). `workers=1`: this process decodes, wherever the run's decoders are."""
     on_ray = cfg.placement.launcher == "ray" and workers is None
     workers = decoding_workers(cfg) if workers is None else workers
     if workers <= 1 and not on_ray:
-        return build_backend(cfg, suite, warm_start=warm_start)
+        return backend(cfg, suite, warm_start=warm_start)
     return WorkerPoolPolicy(trainable_source(cfg, suite, warm_start=warm_start), cfg, workers=workers,
-                            launcher=build_launcher(cfg))
+                            launcher=launcher(cfg))
 
 
 def decoding_workers(cfg: RunConfig) -> int:
@@ -87,7 +90,7 @@ def decoding_workers(cfg: RunConfig) -> int:
     return auto_workers(available_cores()) if fixed is None else fixed
 
 
-def build_launcher(cfg: RunConfig) -> Launcher:
+def launcher(cfg: RunConfig) -> Launcher:
     """How the run's children start (`placement.launcher`): child processes, or Ray actors."""
     if cfg.placement.launcher == "ray":
         from .ray_launch import RayLauncher  # Ray is an optional extra: imported only when asked for
@@ -114,44 +117,44 @@ def train_tasks(cfg: RunConfig, suite: EnvSuite) -> list[Task]:
     return train[: cfg.env.train_tasks] if cfg.env.train_tasks else train
 
 
-def build_allocator(cfg: RunConfig, train: list[Task]) -> Allocator:
+def allocator(cfg: RunConfig, train: list[Task]) -> Allocator:
     context = AllocatorContext(tasks=train, group_size=cfg.rollout.group_size, batch_groups=cfg.learner.batch_groups,
                                seed=cfg.run.seed)
-    return build_named_allocator(cfg.allocator.name, cfg.allocator.options, context)
+    return build_allocator(cfg.allocator.name, cfg.allocator.options, context)
 
 
-def build_trainer(cfg: RunConfig, model: Any, state: Mapping[str, Any] | None = None) -> Trainer:
+def trainer(cfg: RunConfig, model: Any, state: Mapping[str, Any] | None = None) -> Trainer:
     """The trainer of `model` (a policy's `trainable()`); `state` (a checkpoint's or the parent's trainer
     state) is loaded into it: its model weights first, since the KL reference copies the weights it starts with."""
     if state is not None:
         model.load_state_dict(state["model"])
-    trainer = Trainer(model, cfg.learner, LOSSES.get(cfg.learner.loss), temperature=cfg.policy.temperature,
-                      top_p=backend_top_p(cfg.policy), seed=cfg.run.seed, total_updates=cfg.run.updates)
+    built = Trainer(model, cfg.learner, LOSSES.get(cfg.learner.loss), temperature=cfg.policy.temperature,
+                    top_p=backend_top_p(cfg.policy), seed=cfg.run.seed, total_updates=cfg.run.updates)
     if state is not None:
-        trainer.load_state_dict(dict(state))
-    return trainer
+        built.load_state_dict(dict(state))
+    return built
 
 
-def build_gate(cfg: RunConfig) -> Gate:
+def gate(cfg: RunConfig) -> Gate:
     """The configured gate, `gate.k` / `gate.tau` / `gate.checkpoints` folded into its options."""
-    return build_named_gate(cfg.gate.name, cfg.gate.gate_options())
+    return build_gate(cfg.gate.name, cfg.gate.gate_options())
 
 
-def build_gate_stage(cfg: RunConfig, counters: Mapping[str, Any] | None = None) -> GateStage:
+def gate_stage(cfg: RunConfig, counters: Mapping[str, Any] | None = None) -> GateStage:
     """The gate stage of `[gate]`; `counters`: a resumed run's (its statistics go on from them)."""
-    stage = GateStage(build_gate(cfg), shadow=cfg.gate.shadow)
+    stage = GateStage(gate(cfg), shadow=cfg.gate.shadow)
     if counters is not None:
         stage.load_counters(counters)
     return stage
 
 
-def build_learner_stage(cfg: RunConfig, trainer: Trainer, reports: ReportSink, *, version: int, capture_state: bool,
+def learner_stage(cfg: RunConfig, trainer: Trainer, reports: ReportSink, *, version: int, capture_state: bool,
                         announced_on_socket: bool) -> LearnerStage:
     return LearnerStage(trainer, cfg.learner, reports=reports, version=version, capture_state=capture_state,
                         announced_on_socket=announced_on_socket)
 
 
-def build_observers(cfg: RunConfig) -> list[Stage]:
+def observers(cfg: RunConfig) -> list[Stage]:
     """The custom stages of `[[stages]]` that run in this process, in order (one with `process = true` is built
     in its own: `stage_children.serve_custom`)."""
     return [build_stage(spec.target, spec.options, f"stages[{i}].options") for i, spec in enumerate(cfg.stages)

@@ -24,7 +24,8 @@ from pipeline.verdict import load_verdict
 from stages import envs
 from stages.policy import check_backend
 
-from .build import build_allocator, build_gate, build_suite, train_tasks
+from . import build
+from .build import train_tasks
 
 
 def name_checks(cfg: RunConfig) -> list[str]:
@@ -79,19 +80,19 @@ def build_checks(cfg: RunConfig) -> list[str]:
     `_gate_problems`.)"""
     problems: list[str] = []
 
-    def attempt(where: str, build: Any) -> Any:
+    def attempt(where: str, make: Any) -> Any:
         try:
-            return build()
+            return make()
         except Exception as exc:  # a plugin's constructor is user code: whatever it raises is a config problem
             kind = "" if isinstance(exc, _BUILD_ERRORS) else f"{type(exc).__name__}: "
             problems.append(f"{where}: {kind}{' '.join(str(exc).split())}")
             return None
 
-    suite = attempt("env", lambda: build_suite(cfg))
+    suite = attempt("env", lambda: build.suite(cfg))
     if suite is not None:
         train = attempt("env", lambda: train_tasks(cfg, suite))
         if train is not None:
-            attempt(f"allocator {cfg.allocator.name!r}", lambda: build_allocator(cfg, train))
+            attempt(f"allocator {cfg.allocator.name!r}", lambda: build.allocator(cfg, train))
     for i, spec in enumerate(cfg.stages):
         attempt(f"stages[{i}]", lambda i=i, spec=spec: build_stage(spec.target, spec.options, f"stages[{i}].options"))
     return problems
@@ -103,7 +104,7 @@ def _gate_problems(cfg: RunConfig) -> list[str]:
     if problems:
         return problems
     try:
-        gate = build_gate(cfg)
+        gate = build.gate(cfg)
     except Exception as exc:  # the gate's constructor is user code (see build_checks)
         kind = "" if isinstance(exc, _BUILD_ERRORS) else f"{type(exc).__name__}: "
         return [f"gate.options: {kind}{' '.join(str(exc).split())}"]

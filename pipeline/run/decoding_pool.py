@@ -2,7 +2,7 @@
 
 The GIL lets one process decode on one core at a time; a pool of worker processes uses every core. Each
 worker is a child started by `launch.py` (role "decoder") that builds the same backend from the run's config
-(`build.build_backend`), gets the main process's current weights first, and serves `ActRequest`s from its
+(`build.backend`), gets the main process's current weights first, and serves `ActRequest`s from its
 own PULL socket; all workers push `ActReply`s to one PULL socket here. The pool is itself a `Policy`, so the rollout stage, evaluation and
 the learner do not know whether decoding is local or not:
 

@@ -1,6 +1,6 @@
 """A decoding worker: the child `decoding_pool.WorkerPoolPolicy` launches (role "decoder" of `launch.py`).
 
-It builds the configured backend (`build.build_backend`; its weights arrive first as `LoadWeights` from the
+It builds the configured backend (`build.backend`; its weights arrive first as `LoadWeights` from the
 pool, so no warm start runs here), serves `ActRequest`s from its inbox (PULL, connected) as concurrent
 `act()` calls that the backend batches, and pushes `ActReply`s to the pool's outbox; an `AbandonRequest`
 cancels the waiting call. Its frames are sealed with the pool's secret (a child process) or CURVE-encrypted
@@ -24,7 +24,7 @@ from pipeline.messages import (
 from pipeline.transport import MESSAGE_FRAME_BYTES, open_context
 from stages.policy.base import AgentContext, Policy
 
-from .build import build_backend, build_suite
+from . import build
 from .decoding_pool import deserialise_weights
 from .launch import ChildSpec
 
@@ -58,7 +58,7 @@ async def serve_decoder(spec: ChildSpec, keys: CurveKeys | None) -> None:
     (on Ray) use CURVE with its own `keys`, expecting the pool's `spec.server_key`. However it stops, it
     closes the backend (`Policy.close`: vllm shuts its engine down) before it returns."""
     cfg = spec.config
-    policy = build_backend(cfg, build_suite(cfg), warm_start=False)
+    policy = build.backend(cfg, build.suite(cfg), warm_start=False)
     try:
         await _serve(policy, spec, keys)
     finally:

@@ -20,9 +20,8 @@ steps and results PUSH), then admission.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -31,25 +30,21 @@ import trio
 
 from gates.allocators import Allocator
 from gates.zero_variance import AdmissionScreen, ZeroVarianceGate
-from learner.trainer import Trainer
 from pipeline.allocation import SlotPool, StalenessPacer
-from pipeline.config import RunConfig
 from pipeline.counters import PhaseCounters
 from pipeline.lifecycle import GroupLifecycle
 from pipeline.messages import AnyMessage, GroupDropped, GroupResult, PhaseFinished
-from pipeline.profiling import Profiler
-from pipeline.progress import Progress
-from pipeline.rundir import MetricsWriter
 from pipeline.sealing import new_secret
-from pipeline.stage import Stage, StageContext
+from pipeline.stage import StageContext
 from pipeline.transport import open_context
-from stages.envs.base import EnvSuite, Task
+from stages.envs.base import Task
 from stages.gate_stage import GateStage
 from stages.policy.base import Policy
 from stages.rollout import RolloutStage
 
 from . import resume
-from .heldout import Evaluate, PeriodicHeldout
+from .heldout import PeriodicHeldout
+from .parts import RunParts
 from .placement import GateHandle, PhaseStages, addresses, place_stages
 from .runtime import (
     host_nursery,
@@ -108,21 +103,17 @@ class _Wiring:
     training: trio.MemoryReceiveChannel[GroupResult]
 
 
-async def run_grpo(
-    cfg: RunConfig, *, suite: EnvSuite, policy: Policy, tasks: Mapping[str, Task], allocator: Allocator,
-    trainer: Trainer, run_dir: Path, profiler: Profiler, metrics: MetricsWriter, observers: Sequence[Stage] = (),
-    progress: Progress | None = None, checkpointer: resume.Checkpointer | None = None,
-    restore: Mapping[str, Any] | None = None, stop: trio.Event | None = None, evaluate: Evaluate | None = None,
-) -> GrpoOutcome:
+async def run_grpo(parts: RunParts, *, stop: trio.Event | None = None) -> GrpoOutcome:
     """Train until `run.updates` learner updates (or `run.max_wall_s`, or `stop`); returns the phase's outcome.
 
-    `checkpointer` captures the state at every update boundary; `restore` (a checkpoint's `grpo` counters)
-    continues a stopped run's counts; `stop` (Ctrl-C) ends the phase at once: an update under way is not
-    counted, the checkpoint is the last update boundary. `evaluate(version, weights)` measures held-out
-    success every `eval.every` updates (and `run.target_heldout` may end the phase).
+    `parts.checkpointer` captures the state at every update boundary; `parts.restore` (a checkpoint's `grpo`
+    counters) continues a stopped run's counts; `stop` (Ctrl-C) ends the phase at once: an update under way is
+    not counted, the checkpoint is the last update boundary. `parts.evaluate(version, weights)` measures
+    held-out success every `eval.every` updates (and `run.target_heldout` may end the phase).
     """
+    cfg, policy, progress = parts.cfg, parts.policy, parts.progress
     secret = new_secret()  # seals every frame of the phase's sockets; stage processes get it as they start
-    stages = place_stages(cfg, trainer, capture_state=checkpointer is not None, secret=secret)
+    stages = place_stages(cfg, parts.trainer, capture_state=parts.checkpointer is not None, secret=secret)
     async with stages.placed() as where, open_context(cfg.transport.curve_dir, **where.context_options) as zmq, \
             addresses(cfg) as configured:
 
@@ -131,9 +122,8 @@ async def run_grpo(
             return resume.add_counts(zmq.dropped_frames(), policy.dropped_frames())
 
         t = where.bind(configured)
-        w = _build(cfg, suite, policy, tasks, allocator, stages, profiler, metrics, progress, checkpointer, restore,
-                   evaluate, dropped_frames)
-        phase, ctx = w.phase, StageContext(zmq=zmq, addresses=t, run_dir=run_dir, profiler=profiler)
+        w = _build(parts, stages, dropped_frames)
+        phase, ctx = w.phase, StageContext(zmq=zmq, addresses=t, run_dir=parts.run_dir, profiler=parts.profiler)
 
         def reached(**bound: str) -> StageContext:
             """`ctx` with the addresses this process bound, as its peers reach them."""
@@ -143,7 +133,7 @@ async def run_grpo(
             nursery.start_soon(monitor_loop_lag, phase.counters)
             ctx = reached(events=await nursery.start(publish_events, zmq, t.events, t.hwm, w.events_in))
             observers_done = trio.Event()
-            await nursery.start(run_observers, observers, ctx, observers_done)
+            await nursery.start(run_observers, parts.observers, ctx, observers_done)
             evals = await nursery.start(host_nursery)
             nursery.start_soon(set_on, w.heldout.target_reached, phase.done)
             async with trio.open_nursery() as work:  # everything that trains: cancelled at the last update
@@ -167,11 +157,9 @@ async def run_grpo(
     return outcome
 
 
-def _build(
-    cfg: RunConfig, suite: EnvSuite, policy: Policy, tasks: Mapping[str, Task], allocator: Allocator, stages: PhaseStages,
-    profiler: Profiler, metrics: MetricsWriter, progress: Progress | None, checkpointer: resume.Checkpointer | None,
-    restore: Mapping[str, Any] | None, evaluate: Evaluate | None, dropped_frames: Any,
-) -> _Wiring:
+def _build(parts: RunParts, stages: PhaseStages, dropped_frames: Any) -> _Wiring:
+    cfg, policy, tasks, allocator, profiler = parts.cfg, parts.policy, parts.tasks, parts.allocator, parts.profiler
+    metrics, progress, restore = parts.metrics, parts.progress, parts.restore
     counters, slots = PhaseCounters(family_of={t.task_id: t.family for t in tasks.values()}), SlotPool(cfg.rollout.slots)
     pacer = StalenessPacer(cfg.learner.batch_groups, cfg.learner.max_staleness)
     events, events_in = trio.open_memory_channel[AnyMessage](1024)
@@ -180,9 +168,8 @@ def _build(
                                training=stages.learner.training_sink(training_out), events=events.clone())
     screen_admissions(lifecycle, stages.gate, tasks, policy)
     rollout = RolloutStage(
-        suite, policy, tasks, profiler=profiler, step_timeout_s=cfg.rollout.step_timeout_s,
-        max_error_rate=cfg.rollout.max_error_rate, min_trajectories=cfg.rollout.min_trajectories_for_error_rate,
-        on_trajectory_end=lifecycle.trajectory_finished, events=events.clone(),
+        parts.suite, policy, tasks, cfg.rollout, profiler=profiler, on_trajectory_end=lifecycle.trajectory_finished,
+        events=events.clone(),
     )
     phase = Phase(cfg, counters, slots, pacer, lifecycle, rollout, allocator, policy, stages.gate, dropped_frames,
                   tokens_at_start=policy.statistics().generated_tokens)
@@ -191,11 +178,11 @@ def _build(
             restore, counters=counters, admission=lifecycle.admission, rollout=rollout, gate=stages.gate)
     if phase.version >= cfg.run.updates:
         phase.done.set()  # resumed after the last update: nothing left to train
-    heldout = PeriodicHeldout(evaluate, cfg.eval.every, cfg.run.updates, metrics, progress,
+    heldout = PeriodicHeldout(parts.evaluate, cfg.eval.every, cfg.run.updates, metrics, progress,
                               on_row=counters.heldout_measured, target=cfg.run.target_heldout,
                               range_name=cfg.eval.curve_range)
     recorder = UpdateRecorder(phase, events=events.clone(), metrics=metrics, heldout=heldout, profiler=profiler,
-                              checkpointer=checkpointer, progress=progress)
+                              checkpointer=parts.checkpointer, progress=progress)
     policy.attach_profiler(profiler)  # a no-op unless the backend records its own spans (`Policy.attach_profiler`)
     phase.started = counters.window_started = trio.current_time()
     return _Wiring(phase, rollout, stages, heldout, recorder, events, events_in, training)

@@ -33,19 +33,13 @@ from stages.envs import EnvSuite, Task
 from stages.evaluate import EvalReport, evaluate_splits
 from stages.policy import Policy
 
-from . import before_cache, resume
-from .build import (
-    build_allocator,
-    build_observers,
-    build_policy,
-    build_suite,
-    build_trainer,
-    cluster,
-    train_tasks,
-)
+from . import before_cache, build, resume
+from .build import cluster, train_tasks
 from .failure import failure_message, save_on_failure
 from .grpo import GrpoOutcome, run_grpo
+from .heldout import Evaluate
 from .learning_curve import curve_points, write_learning_curve
+from .parts import RunParts
 from .runtime import gil_switch_interval
 from .summary import (
     family_table,
@@ -100,7 +94,7 @@ def _periodic_evaluator(cfg: RunConfig, suite: EnvSuite, splits: dict[str, list[
     async def evaluate_version(version: int, state: Any) -> dict[str, float]:
         async with one_at_a_time:
             if not holder:
-                holder.append(await trio.to_thread.run_sync(lambda: build_policy(cfg, suite, workers=1)))
+                holder.append(await trio.to_thread.run_sync(lambda: build.policy(cfg, suite, workers=1)))
                 built.append(holder[0])
             policy = holder[0]
             policy.load_weights(version, state)
@@ -203,7 +197,7 @@ async def _run_phases(
     built: list[Policy], *, trackers: Trackers,
 ) -> JobResult:
     job = dict(checkpoint["job"]) if checkpoint else {}
-    suite = build_suite(cfg)
+    suite = build.suite(cfg)
     splits = heldout_tasks(cfg, suite)
     policy, warm_start_s = await _unless_stopped(stop, run_dir, _build_policy, cfg, suite, checkpoint, built)
     if "heldout_before" in job and job.get("heldout_range", "dev") == cfg.eval.range:
@@ -214,90 +208,99 @@ async def _run_phases(
         job |= {"heldout_before": reports_to_json(before), "heldout_range": cfg.eval.range, "heldout_before_reused": reused,
                 "warm_start_s": job.get("warm_start_s", warm_start_s), "job_wall_s": job.get("job_wall_s", 0.0)}
     progress.message(f"held-out success before GRPO ({cfg.eval.range}): " + fmt_eval(before))
-    parts = _grpo_parts(cfg, suite, policy, checkpoint, run_dir, job)
     curve = curve_tasks(cfg, suite)
-    progress.message(
-        f"GRPO: {cfg.run.updates} updates x {cfg.learner.batch_groups} groups, G={cfg.rollout.group_size}, "
-        f"gate {'on' if cfg.gate.enabled else 'off'}{' (shadow)' if cfg.gate.enabled and cfg.gate.shadow else ''}, "
-        f"allocator {cfg.allocator.name}"
-    )
-    parts.checkpointer.job["job_wall_s"] = job["job_wall_s"] + (time.perf_counter() - wall_started)  # wall outside GRPO
-    tokens_before = policy.statistics().generated_tokens
-    metrics = MetricsWriter(run_dir, sinks=[trackers])
+    parts = _run_parts(cfg, run_dir, suite, policy, splits, checkpoint, job, progress, trackers,
+                       evaluate=_periodic_evaluator(cfg, suite, curve, built) if curve else None)
+    checkpointer = _checkpointer(parts)
     try:
+        progress.message(
+            f"GRPO: {cfg.run.updates} updates x {cfg.learner.batch_groups} groups, G={cfg.rollout.group_size}, "
+            f"gate {'on' if cfg.gate.enabled else 'off'}{' (shadow)' if cfg.gate.enabled and cfg.gate.shadow else ''}, "
+            f"allocator {cfg.allocator.name}"
+        )
+        checkpointer.job["job_wall_s"] = job["job_wall_s"] + (time.perf_counter() - wall_started)  # wall outside GRPO
+        tokens_before = policy.statistics().generated_tokens
         async with parts.profiler.sampling(), watching() as load:  # the machine's load while GRPO runs
             with frozen_heap(cfg.run.gc_freeze) as frozen, gil_switch_interval(cfg.run.gil_switch_ms):  # issue 60, item 13
                 log.info("grpo.gc_frozen", objects=frozen)
-                outcome = await run_grpo(
-                    cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in parts.train}, allocator=parts.allocator,
-                    trainer=parts.trainer, run_dir=run_dir, profiler=parts.profiler, metrics=metrics,
-                    observers=parts.observers, progress=progress, checkpointer=parts.checkpointer,
-                    restore=checkpoint["grpo"] if checkpoint else None, stop=stop,
-                    evaluate=_periodic_evaluator(cfg, suite, curve, built) if curve else None,
-                )
+                outcome = await run_grpo(parts, stop=stop)
     except Exception as exc:
-        raise RunFailed(failure_message(exc, run_dir, save_on_failure(parts.checkpointer))) from exc
+        raise RunFailed(failure_message(exc, run_dir, save_on_failure(checkpointer))) from exc
     finally:
-        metrics.close()
+        parts.metrics.close()
     generated = policy.statistics().generated_tokens - tokens_before
-    parts.machine_load = load.figures()
-    return await _finish(cfg, run_dir, stop, progress, parts, outcome, policy, suite, splits, before, job["warm_start_s"], generated)
+    measured = _Measured(before, job["warm_start_s"], generated, load.figures())
+    return await _finish(parts, outcome, measured, stop)
 
 
-@dataclass
-class _GrpoParts:
-    """What the GRPO phase is given besides the policy and the suite (restored from the checkpoint if any)."""
+@dataclass(frozen=True)
+class _Measured:
+    """What the job measured around the GRPO phase, for its summary."""
 
-    train: list[Task]
-    allocator: Any
-    trainer: Trainer
-    observers: list[Any]
-    profiler: Profiler
-    checkpointer: resume.Checkpointer
-    machine_load: dict[str, Any] | None = None
-    """The machine's load during the GRPO phase (`pipeline/machine_load.py`), once it ended."""
+    before: dict[str, EvalReport]
+    """Held-out success before GRPO."""
+    warm_start_s: float
+    generated_tokens: int | None
+    """Tokens the policy generated during the GRPO phase (None: the backend does not count them)."""
+    machine_load: dict[str, Any] | None
+    """The machine's load during the GRPO phase (`pipeline/machine_load.py`)."""
 
 
-def _grpo_parts(
-    cfg: RunConfig, suite: EnvSuite, policy: Policy, checkpoint: dict[str, Any] | None, run_dir: Path, job: dict[str, Any]
-) -> _GrpoParts:
+def _run_parts(
+    cfg: RunConfig, run_dir: Path, suite: EnvSuite, policy: Policy, splits: dict[str, list[Task]],
+    checkpoint: dict[str, Any] | None, job: dict[str, Any], progress: Progress, trackers: Trackers, *,
+    evaluate: Evaluate | None,
+) -> RunParts:
+    """The run's parts (`parts.RunParts`), restored from the checkpoint if any; its metrics writer is open (the
+    caller closes it)."""
     train = train_tasks(cfg, suite)
-    allocator = build_allocator(cfg, train)
-    trainer = build_trainer(cfg, policy.trainable())
+    allocator = build.allocator(cfg, train)
+    trainer = build.trainer(cfg, policy.trainable())
     if checkpoint is not None:
         allocator.load_state_dict(checkpoint["allocator"])
         trainer.load_state_dict(checkpoint["trainer"])
         resume.set_rng_state(checkpoint["rng"])
-    observers = build_observers(cfg)
+    observers = build.observers(cfg)
     profiler = Profiler.from_config(cfg.profile, thread_cpu=cfg.profile.thread_cpu, gpu_stages=cfg.profile.gpu_stages)
     checkpointer = resume.Checkpointer(run_dir, cfg.run.checkpoint_every, job, keep_weights_every=cfg.run.keep_weights_every)
     checkpointer.latest = checkpoint
     checkpointer.written_version = checkpoint["version"] if checkpoint else None
-    return _GrpoParts(train, allocator, trainer, observers, profiler, checkpointer)
+    return RunParts(
+        cfg=cfg, run_dir=run_dir, suite=suite, policy=policy, tasks={t.task_id: t for t in train}, allocator=allocator,
+        trainer=trainer, profiler=profiler, metrics=MetricsWriter(run_dir, sinks=[trackers]), observers=observers,
+        progress=progress, checkpointer=checkpointer, restore=checkpoint["grpo"] if checkpoint else None,
+        evaluate=evaluate, heldout=splits,
+    )
 
 
-async def _finish(
-    cfg: RunConfig, run_dir: Path, stop: trio.Event, progress: Progress, parts: _GrpoParts, outcome: GrpoOutcome,
-    policy: Policy, suite: EnvSuite, splits: dict[str, list[Task]], before: dict[str, EvalReport], warm_start_s: float,
-    generated: int | None,
-) -> JobResult:
+def _checkpointer(parts: RunParts) -> resume.Checkpointer:
+    """The job's checkpointer (a job always has one; `run_grpo` alone may run without)."""
+    assert parts.checkpointer is not None, "the job builds its parts with a checkpointer"
+    return parts.checkpointer
+
+
+async def _finish(parts: RunParts, outcome: GrpoOutcome, measured: _Measured, stop: trio.Event) -> JobResult:
     """After the GRPO phase: the last checkpoint, the profile, held-out success after, the summary and curve."""
-    version = parts.checkpointer.write()
+    cfg, run_dir, checkpointer, before = parts.cfg, parts.run_dir, _checkpointer(parts), measured.before
+    version = checkpointer.write()
     grpo_ended = time.perf_counter()
     report = parts.profiler.finish()
     parts.profiler.write(run_dir)
     interrupted = outcome.stop_reason == "interrupted"
     overhead = parts.profiler.overhead_estimate() if parts.profiler.enabled and not interrupted else None  # ~2 s of probing
-    after = {} if interrupted else await _unless_stopped(stop, run_dir, evaluate_heldout, policy, suite, splits, cfg.eval.greedy, version=version)
+    after = {} if interrupted else await _unless_stopped(stop, run_dir, evaluate_heldout, parts.policy, parts.suite,
+                                                         parts.heldout, cfg.eval.greedy, version=version)
     if not interrupted:
-        progress.message(f"held-out success after GRPO ({cfg.eval.range}):  " + fmt_eval(after))
+        if parts.progress is not None:
+            parts.progress.message(f"held-out success after GRPO ({cfg.eval.range}):  " + fmt_eval(after))
         _save_checkpoints(run_dir, parts.trainer, parts.allocator)
-    wall_s = parts.checkpointer.job["job_wall_s"] + outcome.wall_s + (time.perf_counter() - grpo_ended)
-    figures = summary(cfg, outcome, before, after, warm_start_s, wall_s,
-                      profiler_overhead_pct=overhead["overhead_pct"] if overhead else None, generated_tokens=generated,
-                      machine_load=parts.machine_load) | {"decoding_workers": policy.statistics().workers or 1,
-                                                          "heldout_before_reused": parts.checkpointer.job.get("heldout_before_reused", False),
-                                                          "run_commits": invocations(run_dir)}
+    wall_s = checkpointer.job["job_wall_s"] + outcome.wall_s + (time.perf_counter() - grpo_ended)
+    figures = summary(cfg, outcome, before, after, measured.warm_start_s, wall_s,
+                      profiler_overhead_pct=overhead["overhead_pct"] if overhead else None,
+                      generated_tokens=measured.generated_tokens,
+                      machine_load=measured.machine_load) | {"decoding_workers": parts.policy.statistics().workers or 1,
+                                                             "heldout_before_reused": checkpointer.job.get("heldout_before_reused", False),
+                                                             "run_commits": invocations(run_dir)}
     if outcome.counters.evaluations:
         write_learning_curve(
             run_dir / "learning_curve.png",
@@ -326,10 +329,10 @@ async def _build_policy(cfg: RunConfig, suite: EnvSuite, checkpoint: dict[str, A
     t0 = time.perf_counter()
     # Ctrl-C during the build (a vLLM engine's start) stops the wait at once; the policy is closed when it exists
     if checkpoint is None:
-        policy = await build_in_thread(lambda: build_policy(cfg, suite), _close)
+        policy = await build_in_thread(lambda: build.policy(cfg, suite), _close)
         built.append(policy)
         return policy, time.perf_counter() - t0
-    policy = await build_in_thread(lambda: build_policy(cfg, suite, warm_start=False), _close)
+    policy = await build_in_thread(lambda: build.policy(cfg, suite, warm_start=False), _close)
     built.append(policy)
     policy.load_weights(checkpoint["version"], published_weights(checkpoint["trainer"]))
     if checkpoint["policy"] is not None:

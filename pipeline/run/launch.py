@@ -178,7 +178,7 @@ class Placed(Protocol):
 
 
 class Launcher(Protocol):
-    """How a parent starts its children: `LocalLauncher` or `ray_launch.RayLauncher` (`build.build_launcher`)."""
+    """How a parent starts its children: `LocalLauncher` or `ray_launch.RayLauncher` (`build.launcher`)."""
 
     def place(self, role: str, children: Sequence[Child], *,
               env: dict[str, str] | None = None) -> contextlib.AbstractAsyncContextManager[Placed]:

@@ -67,7 +67,7 @@ async def measure_curve(cfg: Any, run_dir: Path) -> list[dict[str, Any]]:
 
     from pipeline.task_ranges import heldout_ranges
 
-    from .build import build_policy, build_suite
+    from . import build
     from .job import _close_policies, evaluate_heldout
     from .summary import mean_success
 
@@ -75,9 +75,9 @@ async def measure_curve(cfg: Any, run_dir: Path) -> list[dict[str, Any]]:
     todo = {v: p for v, p in kept_versions(run_dir).items() if v not in done}
     when = stamps(run_dir)
     if todo:
-        suite = build_suite(cfg)
+        suite = build.suite(cfg)
         splits = heldout_ranges(suite.tasks, cfg.eval.splits, cfg.eval.curve_range, cfg.eval.sizes(), cfg.eval.periodic_tasks())
-        policy = await trio.to_thread.run_sync(lambda: build_policy(cfg, suite, workers=1))
+        policy = await trio.to_thread.run_sync(lambda: build.policy(cfg, suite, workers=1))
         try:
             for version, path in todo.items():
                 state = torch.load(io.BytesIO(path.read_bytes()), weights_only=True)  # tensors only: never unpickled objects

@@ -45,7 +45,7 @@ from pipeline.sealing import new_secret
 from pipeline.stage import StageContext
 from stages.rollout import GateIdentity
 
-from .build import build_gate_stage, build_launcher, build_learner_stage
+from . import build
 from .child_reports import ChildReports, learner_frame_bytes, to_bytes
 from .launch import Child, Launcher, Placed, child_spec, launch
 from .runtime import AnnouncedSender
@@ -156,8 +156,8 @@ def place_stages(cfg: RunConfig, trainer: Trainer, *, capture_state: bool, secre
     reports_in, reports = trio.open_memory_channel[Any](8)
     here = partial(_here, StagePlacement({"secret": secret}, None))
     if cfg.transport.mode != "processes":
-        gate = build_gate_stage(cfg) if cfg.gate.enabled else None
-        learner = _LocalLearner(build_learner_stage(cfg, trainer, reports_in, version=0, capture_state=capture_state,
+        gate = build.gate_stage(cfg) if cfg.gate.enabled else None
+        learner = _LocalLearner(build.learner_stage(cfg, trainer, reports_in, version=0, capture_state=capture_state,
                                                     announced_on_socket=False))
         return PhaseStages(gate, learner, reports, _nothing_to_read, here)
     # least privilege: custom stages' children get a secret of their own, which seals only their reports socket
@@ -171,7 +171,7 @@ def place_stages(cfg: RunConfig, trainer: Trainer, *, capture_state: bool, secre
     children.gate, children.learner, children.custom = gate_child, learner_child, custom
     placed = here
     if cfg.placement.launcher == "ray":
-        placed = partial(_placed_by, build_launcher(cfg), [h for h in (gate_child, learner_child, *custom) if h is not None])
+        placed = partial(_placed_by, build.launcher(cfg), [h for h in (gate_child, learner_child, *custom) if h is not None])
     return PhaseStages(gate_child, learner_child, reports, children.receive, placed, custom)
 
 

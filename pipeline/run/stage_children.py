@@ -31,7 +31,7 @@ from pipeline.stage import StageContext, build_stage
 from pipeline.transport import Context, open_context
 from stages.gate_stage import GateStage
 
-from .build import build_backend, build_gate_stage, build_learner_stage, build_suite, build_trainer
+from . import build
 from .child_reports import BOUND_BY, FINAL_REPORT_WAIT_S, REPORT_EVERY_S, from_bytes, to_bytes
 from .launch import ChildSpec
 from .placement import custom_stage_name
@@ -91,10 +91,10 @@ class _WireReports:
 async def serve_learner(spec: ChildSpec, keys: CurveKeys | None) -> None:
     cfg = spec.config
     torch.set_num_threads(cfg.learner.torch_threads)
-    model = build_backend(cfg, build_suite(cfg), warm_start=False).trainable()  # only its trainable model is used
-    trainer = build_trainer(cfg, model, from_bytes(spec.trainer_state))
+    model = build.backend(cfg, build.suite(cfg), warm_start=False).trainable()  # only its trainable model is used
+    trainer = build.trainer(cfg, model, from_bytes(spec.trainer_state))
     async with _child_context("learner", spec, keys) as (_zmq, reports, nursery, ctx):
-        learner = build_learner_stage(cfg, trainer, _WireReports(reports), version=spec.version,
+        learner = build.learner_stage(cfg, trainer, _WireReports(reports), version=spec.version,
                                       capture_state=spec.capture_state, announced_on_socket=True)
         results = await nursery.start(learner.run, ctx)
         await reports.send(StageReady(stage="learner", endpoints={"results": results}))
@@ -102,7 +102,7 @@ async def serve_learner(spec: ChildSpec, keys: CurveKeys | None) -> None:
 
 
 async def serve_gate(spec: ChildSpec, keys: CurveKeys | None) -> None:
-    gate = build_gate_stage(spec.config, spec.gate_counters)
+    gate = build.gate_stage(spec.config, spec.gate_counters)
     async with _child_context("gate", spec, keys) as (zmq, reports, _nursery, ctx):
         # Told to stop (SIGTERM in a child process, `stop()` cancelling a Ray actor's run), the gate settles its
         # shadow labels and sends its final statistics: those since the last periodic report (all of them, in a

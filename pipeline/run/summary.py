@@ -13,7 +13,7 @@ from pipeline.config import RunConfig
 from pipeline.memory import peak_rss_mb
 from stages.evaluate import EpisodeOutcome, EvalReport, summarize
 
-from .build import build_gate
+from . import build
 from .grpo import GrpoOutcome
 
 
@@ -89,7 +89,7 @@ def gate_label(cfg: RunConfig, outcome: GrpoOutcome) -> str:
     """"name K=.. tau=.." from the gate's resolved options (its own defaults included), "off" without one."""
     if not cfg.gate.enabled or outcome.gate is None:
         return "off"
-    gate = build_gate(cfg)  # the gate as configured, its own defaults resolved (wherever the stage ran)
+    gate = build.gate(cfg)  # the gate as configured, its own defaults resolved (wherever the stage ran)
     options = getattr(gate, "options", None)  # a plugin gate need not keep its options
     shown = [f"{label}={getattr(options, key)}" for label, key in (("K", "k"), ("tau", "tau"))
              if getattr(options, key, None) is not None]  # (the zero_variance gate has neither: None)

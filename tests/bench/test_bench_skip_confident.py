@@ -9,7 +9,7 @@ import torch
 
 from learner.losses import clipped_ratio_loss
 from learner.trainer import Trainer
-from pipeline.run.build import build_policy, build_suite
+from pipeline.run import build
 from pipeline.run.checks import load
 
 from . import ROOT, bench_module
@@ -25,8 +25,8 @@ def test_the_played_turns_carry_the_log_probs_the_learner_computes(tmp_path):
     cfg = load(str(ROOT / "configs" / "learn.toml"), ["pretrain.enabled=false", f'policy.cache_dir="{tmp_path}"', "env.max_steps=8",
                                                       f"policy.options={small}"])
     assert cfg.policy.options["choose_by"] == "command" and cfg.policy.options["layers"] == 1
-    suite = build_suite(cfg)
-    policy = build_policy(cfg, suite, workers=1)
+    suite = build.suite(cfg)
+    policy = build.policy(cfg, suite, workers=1)
     groups = _bench().play_groups(policy, suite, list(suite.tasks("train"))[:1], seed=0)
     assert len(groups) == 1 and all(len(g.trajectories) == 8 for g in groups)
     turns = [u for g in groups for t in g.trajectories for u in t.turns]

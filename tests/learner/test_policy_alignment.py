@@ -17,7 +17,7 @@ import trio
 
 from learner.losses import clipped_ratio_loss
 from learner.trainer import Trainer
-from pipeline.config import LearnerSection
+from pipeline.config import LearnerSection, RolloutSection
 from pipeline.messages import GroupResult, TrajectoryStatus
 from pipeline.profiling import Profiler
 from stages.envs import ENVS
@@ -57,7 +57,7 @@ def _policy(show_admissible: bool, choose_admissible: bool, choose_by: str = "to
 async def _roll_out(policy: TorchTinyPolicy, suite, size: int = 4) -> GroupResult:
     task = next(iter(suite.tasks("train")))
     send, recv = trio.open_memory_channel(10_000)
-    stage = RolloutStage(suite, policy, {task.task_id: task}, send, profiler=Profiler(enabled=False))
+    stage = RolloutStage(suite, policy, {task.task_id: task}, RolloutSection(max_error_rate=1.0), send, profiler=Profiler(enabled=False))
     async with trio.open_nursery() as nursery:
         await nursery.start(policy.serve)
         result = await stage.run_group(0, task.task_id, size)

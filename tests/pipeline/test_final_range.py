@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import ConfigError, load_config
-from pipeline.run.build import build_suite
+from pipeline.run import build
 from pipeline.run.checks import final_range_problems
 from pipeline.run.job import heldout_tasks
 from pipeline.task_ranges import DEFAULT_SIZES, FINAL, range_bounds, task_range
@@ -28,7 +28,7 @@ def test_final_is_the_next_400_tasks_of_each_split_after_test():
     assert range_bounds(DEFAULT_SIZES)["test"] == (400, 800) and range_bounds(DEFAULT_SIZES)[FINAL] == (800, 1200)
     cfg = load_config(None, [f'eval.range="{FINAL}"', 'eval.verdict="v"', "eval.tasks=400"])
     test_cfg = load_config(None, ['eval.range="test"', "eval.tasks=400"])
-    suite = build_suite(cfg)
+    suite = build.suite(cfg)
     final, test = heldout_tasks(cfg, suite), heldout_tasks(test_cfg, suite)
     for split in HELDOUT:
         assert len(final[split]) == 400  # the household splits hold it

@@ -8,7 +8,7 @@ from structlog.testing import capture_logs
 
 from pipeline.config import ConfigError, PolicySection, PretrainSection, load_config
 from pipeline.contracts import Task
-from pipeline.run.build import build_suite
+from pipeline.run import build
 from pipeline.run.job import curve_tasks, heldout_tasks
 from pipeline.task_ranges import DEFAULT_SIZES, FINAL, RANGES, heldout_ranges, range_bounds, task_range
 from stages.envs.household.suite import HouseholdSuite
@@ -47,7 +47,7 @@ def test_a_short_split_fills_the_first_ranges_and_an_empty_range_is_left_out_wit
 def test_household_ranges_are_stable_across_runs_and_dev_is_the_first_200_tasks_measured_before():
     first = load_config(None, ["run.seed=0"])
     other = load_config(None, ["run.seed=7", "eval.range=\"test\"", "eval.tasks=400", "eval.every=4"])
-    suite_a, suite_b = build_suite(first), build_suite(other)  # two runs' suites, another run seed
+    suite_a, suite_b = build.suite(first), build.suite(other)  # two runs' suites, another run seed
     dev = heldout_tasks(first, suite_a)
     assert {s: [t.task_id for t in ts] for s, ts in dev.items()} == {
         s: [t.task_id for t in list(suite_b.tasks(s))[:200]] for s in HELDOUT}  # what eval.tasks = 200 measured

@@ -7,6 +7,7 @@ import pytest
 import trio
 import trio.testing
 
+from pipeline.config import RolloutSection
 from pipeline.messages import GroupClosed, GroupOpened, RolloutFailed, StepEvent, TrajectoryStatus
 from pipeline.profiling import Profiler
 from stages.envs.base import Observation, StepResult, Task
@@ -14,6 +15,8 @@ from stages.policy.base import ActResult
 from stages.rollout import RolloutStage
 
 TASK = Task(task_id="t0", family="demo", description="count to ten", split="train")
+ROLLOUT = RolloutSection(max_error_rate=1.0)
+"""The stage with no error-rate stop: these tests fail trajectories on purpose."""
 
 
 class CountingEnv:
@@ -74,7 +77,7 @@ class SlowPolicy:
 
 def _stage(suite, policy):
     send, receive = trio.open_memory_channel(1000)
-    return RolloutStage(suite, policy, {TASK.task_id: TASK}, send, profiler=Profiler(enabled=False)), receive
+    return RolloutStage(suite, policy, {TASK.task_id: TASK}, ROLLOUT, send, profiler=Profiler(enabled=False)), receive
 
 
 def _drain(receive):
@@ -242,8 +245,8 @@ async def test_systematic_failures_stop_the_run_naming_the_stage_and_first_error
 
     suite = Suite(win_at=2, failing=set(range(100)))
     send, _ = trio.open_memory_channel(1000)
-    stage = RolloutStage(suite, SlowPolicy(), {TASK.task_id: TASK}, send, profiler=Profiler(enabled=False),
-                         max_error_rate=0.2, min_trajectories=5)
+    stage = RolloutStage(suite, SlowPolicy(), {TASK.task_id: TASK}, RolloutSection(max_error_rate=0.2, min_trajectories_for_error_rate=5), send,
+                         profiler=Profiler(enabled=False))
     async def three_groups():
         for gid in range(3):
             await stage.run_group(gid, "t0", 4)
@@ -261,8 +264,8 @@ async def test_systematic_failures_stop_the_run_naming_the_stage_and_first_error
 async def test_a_few_failures_below_the_rate_do_not_stop_the_run(autojump_clock):
     suite = Suite(win_at=2, failing={0})
     send, _ = trio.open_memory_channel(1000)
-    stage = RolloutStage(suite, SlowPolicy(), {TASK.task_id: TASK}, send, profiler=Profiler(enabled=False),
-                         max_error_rate=0.2, min_trajectories=5)
+    stage = RolloutStage(suite, SlowPolicy(), {TASK.task_id: TASK}, RolloutSection(max_error_rate=0.2, min_trajectories_for_error_rate=5), send,
+                         profiler=Profiler(enabled=False))
     for gid in range(3):
         await stage.run_group(gid, "t0", 4)
     assert stage.trajectories_failed == 1 and stage.trajectories_ended == 12
@@ -292,8 +295,8 @@ async def test_a_hanging_step_fails_its_trajectory_at_the_step_timeout():
     _HangingEnv.release = threading.Event()
     suite = _HangingSuite(win_at=5)
     send, _ = trio.open_memory_channel(1000)
-    stage = RolloutStage(suite, SlowPolicy(delay=0.0), {TASK.task_id: TASK}, send, profiler=Profiler(enabled=False),
-                         step_timeout_s=0.2)
+    stage = RolloutStage(suite, SlowPolicy(delay=0.0), {TASK.task_id: TASK}, RolloutSection(max_error_rate=1.0, step_timeout_s=0.2), send,
+                         profiler=Profiler(enabled=False))
     started = trio.current_time()
     try:
         result = await stage.run_group(1, "t0", 2)
@@ -316,7 +319,8 @@ async def test_a_stalled_loop_does_not_fail_a_step_that_returned_in_time():
     margins: the step only returns its action, so a loaded machine must delay it by 0.5 s to fail it)."""
     import time
 
-    stage = RolloutStage(Suite(), SlowPolicy(), {TASK.task_id: TASK}, profiler=Profiler(enabled=False), step_timeout_s=0.5)
+    stage = RolloutStage(Suite(), SlowPolicy(), {TASK.task_id: TASK}, RolloutSection(max_error_rate=1.0, step_timeout_s=0.5),
+                         profiler=Profiler(enabled=False))
 
     async def stall_the_loop():
         time.sleep(1.0)  # noqa: ASYNC251  # the loop stalls (the thing under test); the step's thread returns at once
@@ -334,7 +338,8 @@ async def test_a_step_slower_than_its_deadline_fails_even_when_it_returns():
             time.sleep(0.25)  # the slow environment under test, on its worker thread
             return action
 
-    stage = RolloutStage(Suite(), SlowPolicy(), {TASK.task_id: TASK}, profiler=Profiler(enabled=False), step_timeout_s=0.1)
+    stage = RolloutStage(Suite(), SlowPolicy(), {TASK.task_id: TASK}, RolloutSection(max_error_rate=1.0, step_timeout_s=0.1),
+                         profiler=Profiler(enabled=False))
     with pytest.raises(trio.TooSlowError, match=r"rollout.step_timeout_s = 0.1 s"):
         await stage._env_step(SlowEnv(), "go")
 
@@ -408,7 +413,7 @@ class _SignallingPolicy:
 async def test_step_events_carry_the_early_signals_and_the_group_its_prompt_side(autojump_clock):
     task = Task(task_id="t1", family="clean", description="d", split="heldout_unseen", features={"rooms": 2.0})
     send, receive = trio.open_memory_channel(1000)
-    stage = RolloutStage(Suite(win_at=2), _SignallingPolicy(), {"t1": task}, send, profiler=Profiler(enabled=False))
+    stage = RolloutStage(Suite(win_at=2), _SignallingPolicy(), {"t1": task}, ROLLOUT, send, profiler=Profiler(enabled=False))
     await stage.run_group(1, "t1", 2)
     events = _drain(receive)
     opened = events[0]

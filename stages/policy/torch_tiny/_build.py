@@ -89,7 +89,7 @@ class TinyOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Train tasks sampled G=8 times (temperature 1) to report the group composition after BC (0 = skip)."""
 
 
-def decode_options(options: dict[str, Any], max_new_tokens: int) -> TinyOptions:
+def decode_tiny_options(options: dict[str, Any], max_new_tokens: int) -> TinyOptions:
     """`policy.options` decoded strictly into `TinyOptions` and checked against the rest of the section
     (`stages.policy.base.decode_backend_options`; raises ValueError listing every problem)."""
     return cast("TinyOptions", decode_backend_options(torch_tiny_backend, "torch_tiny", options, max_new_tokens, _section_problems))
@@ -126,7 +126,7 @@ def torch_tiny_backend(
 ) -> TorchTinyPolicy:
     """The torch_tiny policy for `suite`, behaviour-cloned (or loaded from the cache) when enabled: the
     registered `PolicyBackend` `stages.policy.POLICIES["torch_tiny"]`."""
-    opts = decode_options(cfg.options, cfg.max_new_tokens)
+    opts = decode_tiny_options(cfg.options, cfg.max_new_tokens)
     tokenizer = WordTokenizer.from_vocabulary(suite.vocabulary())
     fmt = PromptFormat(
         tokenizer,

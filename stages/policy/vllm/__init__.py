@@ -88,7 +88,7 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def decode_options(options: dict[str, Any], max_new_tokens: int) -> VllmOptions:
+def decode_vllm_options(options: dict[str, Any], max_new_tokens: int) -> VllmOptions:
     """`policy.options` decoded strictly into `VllmOptions` and checked against the rest of the section
     (`stages.policy.base.decode_backend_options`; raises ValueError listing every problem)."""
     return cast("VllmOptions", decode_backend_options(vllm_backend, "vllm", options, max_new_tokens, _section_problems))
@@ -160,7 +160,7 @@ def _checked_options(cfg: PolicySection) -> VllmOptions:
     problems = plugins.option_problems(vllm_backend, cfg.options, "policy.options", "policy backend 'vllm'") + check(cfg)
     if problems:
         raise ValueError("; ".join(problems))
-    return decode_options(cfg.options, cfg.max_new_tokens)
+    return decode_vllm_options(cfg.options, cfg.max_new_tokens)
 
 
 vllm_backend.Options = VllmOptions  # type: ignore[attr-defined]  # `PolicyBackend.Options`
@@ -201,7 +201,7 @@ def make_model_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
-        opts = decode_options(cfg.policy.options, cfg.policy.max_new_tokens)
+        opts = decode_vllm_options(cfg.policy.options, cfg.policy.max_new_tokens)
     except (ConfigError, ValueError) as exc:
         parser.exit(2, f"run.py make-model: {exc}\n")
     try:

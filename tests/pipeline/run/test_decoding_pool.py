@@ -12,7 +12,7 @@ import torch
 import trio
 
 from pipeline.profiling import Profiler
-from pipeline.run.build import build_policy, build_suite
+from pipeline.run import build
 from pipeline.run.checks import load
 from pipeline.run.decoding_pool import WorkerPoolPolicy
 from pipeline.run.launch import ChildExited
@@ -31,7 +31,7 @@ OVERRIDES = [
 @pytest.fixture(scope="module")
 def setup():
     cfg = load(None, OVERRIDES)
-    suite = build_suite(cfg)
+    suite = build.suite(cfg)
     tasks = list(suite.tasks("train"))[:6]
     contexts = []
     for task in tasks:
@@ -61,8 +61,8 @@ async def _answers(policy, contexts, numbers):
 def test_the_pool_answers_what_one_local_policy_answers(setup):
     cfg, suite, contexts = setup
     numbers = list(range(len(contexts)))
-    local = build_policy(cfg, suite, workers=1)
-    pool = build_policy(cfg, suite, workers=2)
+    local = build.policy(cfg, suite, workers=1)
+    pool = build.policy(cfg, suite, workers=2)
     assert isinstance(pool, WorkerPoolPolicy)
     expected = trio.run(_answers, local, contexts, numbers)
     got = trio.run(_answers, pool, contexts, numbers)
@@ -78,7 +78,7 @@ def test_the_pool_answers_what_one_local_policy_answers(setup):
 @pytest.mark.slow
 def test_weights_reach_every_worker_by_version(setup):
     cfg, suite, contexts = setup
-    pool = build_policy(cfg, suite, workers=2)
+    pool = build.policy(cfg, suite, workers=2)
     state = {k: v + 0.5 for k, v in pool.trainable().state_dict().items()}
 
     async def main():
@@ -111,7 +111,7 @@ async def _answers_live(pool, contexts):
 @pytest.mark.slow
 def test_the_profile_has_a_policy_row_with_the_workers_cpu(setup):
     cfg, suite, contexts = setup
-    pool = build_policy(cfg, suite, workers=2)
+    pool = build.policy(cfg, suite, workers=2)
     profiler = Profiler(gpu_sample_hz=0.0)
 
     async def main():
@@ -139,7 +139,7 @@ def test_a_stopped_worker_closes_its_backend(setup, tmp_path, monkeypatch):
     monkeypatch.setenv(CLOSED_DIR, str(tmp_path))
     cfg = msgspec.structs.replace(cfg, policy=msgspec.structs.replace(
         cfg.policy, backend="tests.pipeline.run.closing_backend:closing_backend"))
-    pool = build_policy(cfg, suite, workers=2)
+    pool = build.policy(cfg, suite, workers=2)
 
     async def main():
         async with trio.open_nursery() as nursery:
@@ -155,7 +155,7 @@ def test_a_stopped_worker_closes_its_backend(setup, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_a_dead_worker_stops_the_pool_with_its_name(setup):
     cfg, suite, contexts = setup
-    pool = build_policy(cfg, suite, workers=2)
+    pool = build.policy(cfg, suite, workers=2)
 
     async def main():
         async with trio.open_nursery() as nursery:

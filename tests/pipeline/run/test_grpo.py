@@ -5,9 +5,10 @@ import pytest
 import trio
 
 from pipeline.profiling import Profiler
-from pipeline.run.build import build_allocator, build_policy, build_suite, build_trainer
+from pipeline.run import build
 from pipeline.run.checks import load
 from pipeline.run.grpo import run_grpo
+from pipeline.run.parts import RunParts
 from pipeline.rundir import MetricsWriter
 
 START_S = 3.0
@@ -37,13 +38,14 @@ class _SlowToServe:
 def test_occupancy_is_taken_after_the_policy_started(tmp_path):
     cfg = load(None, ["pretrain.enabled=false", "eval.tasks=0", "run.updates=1000", f"run.max_wall_s={WINDOW_S}",
                       "run.progress=false", "policy.workers=1", "rollout.slots=16", "rollout.group_size=4"])
-    suite = build_suite(cfg)
+    suite = build.suite(cfg)
     tasks = list(suite.tasks("train"))[: cfg.env.train_tasks]
-    policy = _SlowToServe(build_policy(cfg, suite, warm_start=False))
+    policy = _SlowToServe(build.policy(cfg, suite, warm_start=False))
     metrics = MetricsWriter(tmp_path)
-    outcome = trio.run(lambda: run_grpo(
-        cfg, suite=suite, policy=policy, tasks={t.task_id: t for t in tasks}, allocator=build_allocator(cfg, tasks),
-        trainer=build_trainer(cfg, policy.trainable()), run_dir=tmp_path, profiler=Profiler(enabled=True), metrics=metrics))
+    outcome = trio.run(lambda: run_grpo(RunParts(
+        cfg=cfg, run_dir=tmp_path, suite=suite, policy=policy, tasks={t.task_id: t for t in tasks},
+        allocator=build.allocator(cfg, tasks), trainer=build.trainer(cfg, policy.trainable()),
+        profiler=Profiler(enabled=True), metrics=metrics)))
     metrics.close()
     start = outcome.wall_s - outcome.rollout_wall_s
     assert start == pytest.approx(outcome.counters.start_s, abs=1e-3)

@@ -34,7 +34,7 @@ async def test_overlapping_periodic_evaluations_take_turns_on_the_one_evaluation
         running.pop()
         return {"heldout_seen": EvalReport(success=policy.versions[-1] / 10, per_family={}, mean_steps=1.0, episodes=())}
 
-    monkeypatch.setattr(job, "build_policy", build_policy)
+    monkeypatch.setattr(job.build, "policy", build_policy)
     monkeypatch.setattr(job, "evaluate_heldout", evaluate_heldout)
     evaluate = job._periodic_evaluator(RunConfig(), suite=None, splits={"heldout_seen": []}, built=[])
     scores = {}
@@ -69,7 +69,7 @@ async def test_a_policy_built_as_ctrl_c_comes_is_still_closed_by_the_job(monkeyp
         return policy
 
     monkeypatch.setattr(job, "build_in_thread", build_in_thread)
-    monkeypatch.setattr(job, "build_policy", lambda cfg, suite, **options: _Policy())
+    monkeypatch.setattr(job.build, "policy", lambda cfg, suite, **options: _Policy())
     built: list = []
     with pytest.raises(job.RunInterrupted):
         await job._unless_stopped(stop, tmp_path, job._build_policy, RunConfig(), None, None, built)

@@ -21,14 +21,14 @@ def test_left_padding_right_aligns_every_prompt() -> None:
 def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     pytest.importorskip("transformers", reason="make-model needs transformers (vllm environment)")
     from pipeline.config import load_config
-    from pipeline.run.build import build_suite
+    from pipeline.run import build
     from stages.policy.vllm import VllmOptions
     from stages.policy.vllm._make_model import BcSettings, ModelShape, make_model
 
     out = tmp_path_factory.mktemp("models") / "bc"
     cfg = load_config(None, ["env.max_steps=4"])
     report = make_model(
-        out, build_suite(cfg), shape=ModelShape(layers=1, hidden=64, heads=2, intermediate=128, max_len=256),
+        out, build.suite(cfg), shape=ModelShape(layers=1, hidden=64, heads=2, intermediate=128, max_len=256),
         bc=BcSettings(demos=6, epochs=1, lr=3e-3, batch_size=8, noise=0.15),
         prompt_options=VllmOptions(max_prompt_tokens=120, max_model_len=256), eval_tasks=3, seed=0,
     )
@@ -70,7 +70,7 @@ def test_finetune_from_a_model_dir_with_lora_saves_a_plain_model_with_merged_wei
     from transformers import AutoModelForCausalLM
 
     from pipeline.config import load_config
-    from pipeline.run.build import build_suite
+    from pipeline.run import build
     from stages.policy.vllm import VllmOptions
     from stages.policy.vllm._lora import LoraSettings
     from stages.policy.vllm._make_model import BcSettings, finetune_model
@@ -79,7 +79,7 @@ def test_finetune_from_a_model_dir_with_lora_saves_a_plain_model_with_merged_wei
     out = tmp_path / "bc"
     lora = LoraSettings(4, 8.0, ("q_proj", "v_proj"))
     report = finetune_model(
-        source, out, build_suite(load_config(None, ["env.max_steps=4"])),
+        source, out, build.suite(load_config(None, ["env.max_steps=4"])),
         bc=BcSettings(demos=4, epochs=1, lr=5e-2, batch_size=4), lora=lora, max_updates=2,
         prompt_options=VllmOptions(max_prompt_tokens=120, max_model_len=256, instruction="act"), seed=0,
     )

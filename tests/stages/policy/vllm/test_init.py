@@ -48,7 +48,7 @@ def test_vllm_samples_and_the_learner_scores_without_a_nucleus(monkeypatch: pyte
     from msgspec import structs
 
     from pipeline.config import RunConfig
-    from pipeline.run.build import build_trainer
+    from pipeline.run import build
     from stages.policy import backend_top_p
     from stages.policy.vllm._engine import sampling_of
 
@@ -58,6 +58,6 @@ def test_vllm_samples_and_the_learner_scores_without_a_nucleus(monkeypatch: pyte
     monkeypatch.setattr("stages.policy.vllm._engine.log.warning", lambda event, **kw: warned.append(event))
     assert sampling_of(section, backend.VllmOptions()).top_p == 1.0 and warned == ["policy.vllm.top_p_not_applied"]
     cfg = RunConfig()
-    trainer = build_trainer(structs.replace(cfg, policy=section), torch.nn.Linear(2, 2))
+    trainer = build.trainer(structs.replace(cfg, policy=section), torch.nn.Linear(2, 2))
     assert trainer.top_p == 1.0  # the learner scores what the engine sampled: the full softmax at the temperature
-    assert build_trainer(structs.replace(cfg, policy=PolicySection(top_p=0.5)), torch.nn.Linear(2, 2)).top_p == 0.5
+    assert build.trainer(structs.replace(cfg, policy=PolicySection(top_p=0.5)), torch.nn.Linear(2, 2)).top_p == 0.5

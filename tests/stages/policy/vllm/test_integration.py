@@ -19,7 +19,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed here (CI runs these te
 
 from pipeline.config import load_config  # noqa: E402
 from pipeline.profiling import load_report  # noqa: E402
-from pipeline.run.build import build_suite  # noqa: E402
+from pipeline.run import build  # noqa: E402
 from pipeline.run.checks import load  # noqa: E402
 from pipeline.run.job import run_job  # noqa: E402
 from stages.policy.base import AgentContext  # noqa: E402
@@ -36,7 +36,7 @@ CTX = AgentContext("put a clean mug in cabinet 1", "You are in the kitchen. You 
 @pytest.fixture(scope="module")
 def policy(model_dir: Path) -> Iterator[VllmPolicy]:
     cfg = load_config(None, ["policy.backend=vllm", f"policy.model={json.dumps(str(model_dir))}"])
-    built = vllm_backend(cfg.policy, cfg.pretrain, build_suite(cfg), seed=0)
+    built = vllm_backend(cfg.policy, cfg.pretrain, build.suite(cfg), seed=0)
     yield built
     built.close()
 
@@ -128,7 +128,7 @@ def lora_policy(model_dir: Path) -> Iterator[VllmPolicy]:
         "policy.backend=vllm", f"policy.model={json.dumps(str(model_dir))}",
         "policy.options.lora_rank=8", "policy.options.lora_alpha=16",
     ])
-    built = vllm_backend(cfg.policy, cfg.pretrain, build_suite(cfg), seed=0)
+    built = vllm_backend(cfg.policy, cfg.pretrain, build.suite(cfg), seed=0)
     yield built
     built.close()
 

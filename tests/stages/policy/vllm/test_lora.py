@@ -11,7 +11,7 @@ import torch
 import trio
 
 from stages.policy.base import AgentContext
-from stages.policy.vllm import decode_options
+from stages.policy.vllm import decode_vllm_options
 from stages.policy.vllm._loop import LoopThread
 from stages.policy.vllm._lora import LoraSettings, lora_problems
 from stages.policy.vllm._prompt import ChatPrompt
@@ -29,11 +29,11 @@ def test_lora_settings_are_checked_and_map_to_a_vllm_rank() -> None:
     assert len(lora_problems(-1, 0.0, [])) == 1
     assert len(lora_problems(4, 0.0, [])) == 2
     assert [LoraSettings(r, 1.0, ("q_proj",)).engine_max_rank for r in (1, 4, 8, 9, 300)] == [1, 8, 8, 16, 320]
-    assert decode_options({}, 12).lora is None
-    opts = decode_options({"lora_rank": 4, "lora_alpha": 8, "lora_target_modules": ["q_proj", "v_proj"]}, 12)
+    assert decode_vllm_options({}, 12).lora is None
+    opts = decode_vllm_options({"lora_rank": 4, "lora_alpha": 8, "lora_target_modules": ["q_proj", "v_proj"]}, 12)
     assert opts.lora == LORA
     with pytest.raises(ValueError, match="lora_rank"):
-        decode_options({"lora_rank": 1000}, 12)
+        decode_vllm_options({"lora_rank": 1000}, 12)
 
 
 @pytest.fixture
