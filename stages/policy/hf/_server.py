@@ -36,6 +36,7 @@ import trio
 
 from pipeline.profiling import Profiler
 from stages.policy.base import ActResult, AgentContext, Policy, PolicyStatistics, PolicyStopped
+from stages.policy.batching import serve_batches
 from stages.policy.sampling import nucleus_sizes
 from stages.policy.torch_tiny._generate import choose_tokens
 from stages.policy.torch_tiny._server import request_uniforms
@@ -161,33 +162,23 @@ class HfPolicy(Policy):
             raise RuntimeError("HfPolicy.serve() is already running")
         send, recv = trio.open_memory_channel[_Request](self.sampling.max_batch)
         limiter = trio.CapacityLimiter(1)
-        batch: list[_Request] = []
+
+        async def run_batch(live: list[_Request], abandoned: int) -> None:
+            self._stats["dropped"] += abandoned
+            if not live:
+                return
+            results = await trio.to_thread.run_sync(self._score_in_worker, live, limiter=limiter)
+            for request, result in zip(live, results, strict=True):
+                if request.waiting:
+                    request.result = result
+                    request.done.set()
+
         self._send = send
         try:
-            task_status.started()
-            while True:
-                batch = []
-                await self._collect(recv, batch)
-                live = [r for r in batch if r.waiting]
-                self._stats["dropped"] += len(batch) - len(live)
-                if live:
-                    results = await trio.to_thread.run_sync(self._score_in_worker, live, limiter=limiter)
-                    for request, result in zip(live, results, strict=True):
-                        if request.waiting:
-                            request.result = result
-                            request.done.set()
+            await serve_batches(send, recv, run_batch, max_batch=self.sampling.max_batch,
+                                max_wait_ms=self.sampling.max_wait_ms, task_status=task_status)
         finally:
             self._send = None
-            send.close()
-            unanswered = batch
-            while True:
-                try:
-                    unanswered.append(recv.receive_nowait())
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-            recv.close()
-            for request in unanswered:
-                request.done.set()  # no result -> PolicyStopped in act()
 
     def load_weights(self, version: int, state: Mapping[str, Any]) -> None:
         if self.lora is not None:
@@ -224,16 +215,6 @@ class HfPolicy(Policy):
         )
 
     # ----------------------------------------------------------------------------------------------
-
-    async def _collect(self, recv: trio.MemoryReceiveChannel[_Request], batch: list[_Request]) -> None:
-        """Append the first request, then whatever arrives within max_wait_ms, up to max_batch."""
-        batch.append(await recv.receive())
-        with trio.move_on_after(self.sampling.max_wait_ms / 1000):
-            while len(batch) < self.sampling.max_batch:
-                try:
-                    batch.append(recv.receive_nowait())
-                except trio.WouldBlock:
-                    batch.append(await recv.receive())
 
     def _score_in_worker(self, batch: Sequence[_Request]) -> list[ActResult]:
         """Runs in the worker thread: apply queued weights, then score and choose for one batch."""

@@ -33,6 +33,7 @@ import trio
 from pipeline.devices import new_stream, side_stream
 from pipeline.profiling import Profiler
 from stages.policy.base import ActResult, AgentContext, Policy, PolicyStatistics, PolicyStopped
+from stages.policy.batching import serve_batches
 
 from ._generate import generate
 from ._model import TinyLM
@@ -149,28 +150,17 @@ class TorchTinyPolicy(Policy):
             raise RuntimeError("TorchTinyPolicy.serve() is already running")
         send, recv = trio.open_memory_channel[_Request](self.sampling.max_batch)
         limiter = trio.CapacityLimiter(1)
-        batch: list[_Request] = []
+
+        async def run_batch(live: list[_Request], abandoned: int) -> None:
+            if live:
+                await self._decode(live, limiter)
+
         self._send = send
         try:
-            task_status.started()
-            while True:
-                batch = []
-                await self._collect(recv, batch)
-                live = [r for r in batch if r.waiting]
-                if live:
-                    await self._decode(live, limiter)
+            await serve_batches(send, recv, run_batch, max_batch=self.sampling.max_batch,
+                                max_wait_ms=self.sampling.max_wait_ms, task_status=task_status)
         finally:
             self._send = None
-            send.close()  # blocked and later act() calls fail with PolicyStopped
-            unanswered = batch
-            while True:
-                try:
-                    unanswered.append(recv.receive_nowait())
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-            recv.close()
-            for request in unanswered:
-                request.done.set()  # no result -> PolicyStopped in act()
 
     def load_weights(self, version: int, state: Mapping[str, Any]) -> None:
         shapes = {k: tuple(v.shape) for k, v in state.items()}
@@ -200,16 +190,6 @@ class TorchTinyPolicy(Policy):
 
     # ----------------------------------------------------------------------------------------------
     # Batching
-
-    async def _collect(self, recv: trio.MemoryReceiveChannel[_Request], batch: list[_Request]) -> None:
-        """Append the first request, then whatever arrives within max_wait_ms, up to max_batch."""
-        batch.append(await recv.receive())
-        with trio.move_on_after(self.sampling.max_wait_ms / 1000):
-            while len(batch) < self.sampling.max_batch:
-                try:
-                    batch.append(recv.receive_nowait())
-                except trio.WouldBlock:
-                    batch.append(await recv.receive())
 
     async def _decode(self, batch: list[_Request], limiter: trio.CapacityLimiter) -> None:
         jobs = [(r.prompt, r.admissible, r.greedy, r.number) for r in batch]
