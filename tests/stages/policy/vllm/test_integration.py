@@ -218,7 +218,10 @@ def test_ctrl_c_while_the_engine_starts_leaves_no_vllm_process(model_dir: Path, 
     root = Path(__file__).resolve().parents[4]
     sets = ["policy.backend=vllm", f"policy.model={json.dumps(str(model_dir))}", f"run.out={json.dumps(str(tmp_path))}",
             "run.updates=1", "run.progress=false", "eval.tasks=0"]
-    proc = subprocess.Popen([sys.executable, "run.py", *command, *[a for s in sets for a in ("--set", s)]], cwd=root,
+    # The vLLM config: run.py's default (configs/default.toml) sets torch_tiny's options, which the vllm backend
+    # refuses (exit 2 before any engine starts).
+    proc = subprocess.Popen([sys.executable, "run.py", *command, "--config", "configs/vllm-cpu.toml",
+                             *[a for s in sets for a in ("--set", s)]], cwd=root,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=os.environ | {"PYTHONPATH": str(root)})
     engines: list[int] = []
@@ -227,7 +230,10 @@ def test_ctrl_c_while_the_engine_starts_leaves_no_vllm_process(model_dir: Path, 
         while not engines and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)  # another process: no event to wait on
             engines = _engine_descendants(proc.pid)
-        assert engines, "no engine process appeared"
+        if not engines:
+            proc.kill()
+            _, err = proc.communicate(timeout=60)
+            pytest.fail(f"no engine process appeared (exit {proc.returncode}):\n{err[-4000:]}")
         for _ in range(interrupts):
             proc.send_signal(signal.SIGINT)
             time.sleep(0.5)
