@@ -258,8 +258,9 @@ def _curve(run_dir: str | None) -> int:
     import trio
 
     from pipeline.config import ConfigError
+    from pipeline.heldout_curve import CURVE_FILE
     from pipeline.run.checks import load
-    from pipeline.run.offclock import CURVE_FILE, measure_curve
+    from pipeline.run.offclock import measure_curve
     from pipeline.rundir import configure_logging
 
     if run_dir is None or not (Path(run_dir) / "config.toml").is_file():

@@ -147,6 +147,9 @@ def _range_problems(cfg: RunConfig) -> list[str]:
     if cfg.run.target_heldout and not (cfg.eval.every > 0 and cfg.eval.periodic_tasks() > 0):
         problems.append("run.target_heldout needs eval.every > 0 and eval.tasks (or eval.curve_tasks) > 0 (held-out "
                         f"success is measured then, on the {cfg.eval.curve_range} range)")
+    if cfg.eval.curve_off_clock and not (cfg.run.keep_weights_every > 0 and cfg.eval.periodic_tasks() > 0):
+        problems.append("eval.curve_off_clock needs run.keep_weights_every > 0 (the versions it measures) and eval.tasks "
+                        f"(or eval.curve_tasks) > 0 (the tasks of the {cfg.eval.curve_range} range it measures them on)")
     problems += [f"stages[{i}].process = true needs transport.mode = \"processes\" (a stage process reaches the run's "
                  "events over ipc or tcp, not inproc)" for i, spec in enumerate(cfg.stages)
                  if spec.process and cfg.transport.mode != "processes"]

@@ -149,6 +149,12 @@ class EvalSection(_Section):
     never test."""
     curve_tasks: int = 0
     """Tasks per split of each periodic measure, the first of `curve_range` (0 = `tasks`, at most the range's size)."""
+    curve_off_clock: bool = False
+    """After the run's timed figures are written (summary.json), measure each version it kept
+    (`run.keep_weights_every`) on the periodic measure's tasks (`curve_range`, `curve_tasks`) in the run's own
+    process, with its own policy, into heldout_curve.jsonl (`pipeline/run/offclock.py`): none of it is on the
+    GRPO clock or in a timed figure. `python run.py curve RUN_DIR` measures the versions a run left unmeasured
+    (it stopped first). `run.py ab --to-budget` sets it."""
     reuse_before: bool = False
     """Read the before-GRPO measure from the policy's cache folder when a run from the same warm start (same
     weights, environment, decoding and tasks) stored it, else measure and store it (`pipeline/run/before_cache.py`):

@@ -65,8 +65,9 @@ def _study_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=int, help="held-out evaluation every N updates (with --target-heldout; default 2)")
     p.add_argument("--to-budget", action="store_true",
                    help="with --target-heldout: run every run on to its budget, keep its published weights every --eval-every "
-                        "updates and measure its held-out curve after it ends, off its clock (`run.py curve`); the time to "
-                        "the target is read off that curve")
+                        "updates and measure its held-out curve off its clock, in the run's process once its figures are "
+                        "written (eval.curve_off_clock; `run.py curve` only for a run that stopped first); the time to the "
+                        "target is read off that curve")
     p.add_argument("--keep-loaded-wall", action="store_true", help=_KEEP_LOADED)
     p.add_argument("--redo-loaded", type=int, default=0, metavar="N",
                    help="run a run the machine's load flagged (summary machine_loaded) again, at most N times; the loaded "
@@ -115,12 +116,12 @@ def _stop_overrides(args: argparse.Namespace) -> list[str]:
             raise ConfigError(problems)
         return []
     every = 2 if args.eval_every is None else args.eval_every
-    if args.to_budget:  # the target is read off each run's curve, measured after the run, off its clock
+    if args.to_budget:  # the target is read off each run's curve, measured by the run once its clock has stopped
         if not 0 <= args.target_heldout <= 1:
             raise ConfigError([f"--target-heldout {args.target_heldout}: run.target_heldout must be in [0, 1]"])
         if every < 1:
             raise ConfigError([f"--eval-every {every}: must be >= 1"])
-        return ["eval.every=0", f"run.keep_weights_every={every}"]
+        return ["eval.every=0", f"run.keep_weights_every={every}", "eval.curve_off_clock=true"]
     return [f"run.target_heldout={args.target_heldout}", f"eval.every={every}"]
 
 

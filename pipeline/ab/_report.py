@@ -36,11 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.heldout_curve import measured
 from pipeline.provenance import invocations
 
 from ._control import degenerate_seeds, effect_size, machines, resolution
 from ._ledger import fate_shares, run_ledger
-from ._runner import CURVE_FILE, finished_summary
+from ._runner import finished_summary
 from ._stats import PairedInterval, mean_sd, paired_difference, paired_ratio
 from ._timing import (
     WALL_KEYS,
@@ -155,8 +156,7 @@ def read_run(arm: str, seed: int, run_dir: Path) -> RunRecord | None:
         return None
     metrics = run_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
-    off_clock = run_dir / CURVE_FILE  # measured after the run, off its clock (`run.py curve`): the same rows
-    rows += [json.loads(line) for line in off_clock.read_text().splitlines() if line.strip()] if off_clock.is_file() else []
+    rows += list(measured(run_dir).values())  # measured after the run, off its clock (heldout_curve.jsonl): the same rows
     curve_rows = [r for r in rows if r.get("heldout_range")]
     if not summary.get("heldout_curve_range") and curve_rows:  # measured off the clock: the rows name the range
         summary = {**summary, "heldout_curve_range": curve_rows[0]["heldout_range"]}

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import ConfigError, RunConfig, dump_toml
+from pipeline.heldout_curve import unmeasured
 
 from ._control import rotated_order
 from ._presets import Preset, toml_value
@@ -97,6 +98,7 @@ def plan_study(
 def _comparable(config_toml: str) -> dict[str, Any]:
     data = tomllib.loads(config_toml)
     data.get("run", {}).pop("out", None)  # the study folder may have moved
+    data.get("eval", {}).pop("curve_off_clock", None)  # where the curve is measured, in the run or after it: not the run
     return data
 
 
@@ -251,18 +253,16 @@ def warm_start_success(stdout: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-CURVE_FILE = "heldout_curve.jsonl"
-"""What `run.py curve` writes in a run folder (pipeline/run/offclock.py): the held-out curve measured off the clock."""
-
-
 def measure_curve(run: PlannedRun, ab_dir: Path, command: Sequence[str]) -> bool:
-    """After the run has ended: `run.py curve <folder>` measures the weights it kept on the curve range, in a child
-    process no timed run overlaps (the next run starts after it). True when the curve is there."""
+    """After the run has ended: its held-out curve is complete when heldout_curve.jsonl has a row for every version
+    it kept (the run measured them itself, `eval.curve_off_clock`); else (it stopped first) `run.py curve <folder>`
+    measures the rest in a child process no timed run overlaps (the next run starts after it). True when the curve
+    is complete."""
     folder = ab_dir / run.name
-    if (folder / CURVE_FILE).is_file():
+    if not unmeasured(folder):
         return True
     with (ab_dir / "logs" / f"{run.name}.curve.log").open("w") as log_file:
         done = subprocess.run([*command, "curve", str(folder)], stdout=log_file, stderr=subprocess.STDOUT)
     if done.returncode != 0:
         print(f"    its held-out curve failed (exit code {done.returncode}; logs/{run.name}.curve.log)", flush=True)
-    return done.returncode == 0 and (folder / CURVE_FILE).is_file()
+    return done.returncode == 0 and not unmeasured(folder)

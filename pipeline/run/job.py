@@ -11,6 +11,7 @@ import json
 import random
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from stages.envs import EnvSuite, Task
 from stages.evaluate import EvalReport, evaluate_splits
 from stages.policy import Policy
 
-from . import before_cache, build, resume
+from . import before_cache, build, offclock, resume
 from .build import cluster, train_tasks
 from .failure import failure_message, save_on_failure
 from .grpo import GrpoOutcome, run_grpo
@@ -319,7 +320,26 @@ async def _finish(parts: RunParts, outcome: GrpoOutcome, measured: _Measured, st
     log.info("job.finished", **{k: v for k, v in figures.items() if not isinstance(v, dict | list)})
     if interrupted:
         raise RunInterrupted(run_dir, version)
+    if cfg.eval.curve_off_clock:
+        await _curve_off_clock(parts, stop)
     return JobResult(run_dir, figures, outcome)
+
+
+async def _curve_off_clock(parts: RunParts, stop: trio.Event) -> None:
+    """`eval.curve_off_clock`: the kept versions' held-out curve (`offclock.measure_kept`), measured once the
+    run's figures are written, so it is in none of them, on the run's own suite and policy (its served weights are
+    no longer needed: the trained ones are in checkpoints/). Ctrl-C stops the measure, not the finished run:
+    `python run.py curve RUN_DIR` measures the versions left."""
+
+    def say(line: str) -> None:
+        log.info("curve.measured", line=line)
+        if parts.progress is not None:
+            parts.progress.message(f"held-out curve, off the clock: {line}")
+
+    await _until_stopped(stop, partial(offclock.measure_kept, say=say), parts.cfg, parts.run_dir, parts.policy, parts.suite)
+    if stop.is_set() and (left := offclock.unmeasured(parts.run_dir)):
+        log.warning("curve.interrupted", versions_left=sorted(left))
+        say(f"stopped with {len(left)} version(s) unmeasured; `python run.py curve {parts.run_dir}` measures them")
 
 
 async def _build_policy(cfg: RunConfig, suite: EnvSuite, checkpoint: dict[str, Any] | None,
@@ -364,6 +384,14 @@ async def _measure_before(cfg: RunConfig, run_dir: Path, policy: Policy, suite: 
 
 async def _unless_stopped(stop: trio.Event, run_dir: Path, fn: Any, *args: Any, version: int | None = None) -> Any:
     """`await fn(*args)`, cancelled by `stop` (then `RunInterrupted`)."""
+    result = await _until_stopped(stop, fn, *args)
+    if stop.is_set():
+        raise RunInterrupted(run_dir, version)
+    return result
+
+
+async def _until_stopped(stop: trio.Event, fn: Any, *args: Any) -> Any:
+    """`await fn(*args)`, cancelled by `stop` (then None)."""
     result = None
     async with trio.open_nursery() as nursery:
 
@@ -374,8 +402,6 @@ async def _unless_stopped(stop: trio.Event, run_dir: Path, fn: Any, *args: Any, 
         nursery.start_soon(watch)
         result = await fn(*args)
         nursery.cancel_scope.cancel()
-    if stop.is_set():
-        raise RunInterrupted(run_dir, version)
     return result
 
 

@@ -123,3 +123,12 @@ def test_a_stage_in_a_process_of_its_own_needs_processes_mode():
     with pytest.raises(ConfigError, match=r"stages\[0\].process = true needs transport.mode"):
         load_config(None, [stage])
     assert load_config(None, [stage, "transport.mode=processes"]).stages[0].process
+
+
+def test_the_off_clock_curve_needs_kept_weights_and_tasks_to_measure_them_on():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["eval.curve_off_clock=true"])
+    assert any("eval.curve_off_clock needs run.keep_weights_every > 0" in p for p in info.value.problems)
+    with pytest.raises(ConfigError, match="eval.curve_off_clock needs"):
+        load_config(None, ["eval.curve_off_clock=true", "run.keep_weights_every=2", "eval.tasks=0"])
+    assert load_config(None, ["eval.curve_off_clock=true", "run.keep_weights_every=2"]).eval.curve_off_clock

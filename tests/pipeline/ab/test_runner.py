@@ -45,6 +45,12 @@ FAKE_RUN = textwrap.dedent('''
     times = Path(os.environ["AB_ORDER_LOG"]).read_text().split().count(name)
     rows = [{"iteration": 1, "wall_s": 5.0, "heldout/mean": 0.5, "heldout/seen": 0.5, "heldout/unseen": 0.5}]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in rows))
+    if cfg["eval"].get("curve_off_clock"):  # it keeps version 3's weights and measures them itself, once its clock stops
+        (folder / "checkpoints").mkdir()
+        (folder / "checkpoints" / "policy-v3.pt").write_bytes(b"")
+        if name not in os.environ.get("AB_NO_CURVE", "").split(","):  # else it stopped before its curve
+            row = {"iteration": 3, "wall_s": 4.0, "env_steps": 40, "heldout/mean": 0.6, "measured": "after the run"}
+            (folder / "heldout_curve.jsonl").write_text(json.dumps(row) + "\\n")
     (folder / "summary.json").write_text(json.dumps({
         "stop_reason": "updates", "grpo_wall_s": 10.0 * (1 + seed) * fast, "wall_s": 20.0, "env_steps": 100,
         "groups_cut": 0, "groups_trained": 8, "heldout_success_before": 0.25, "heldout_success_after": 0.5,
@@ -224,11 +230,9 @@ def test_to_budget_reads_the_target_off_the_curve_and_lets_every_run_finish_its_
     run, ran, ab_dir = study
     assert run("--target-heldout", "0.5", "--eval-every", "3", "--to-budget") == 0
     cfg = load_config(ab_dir / "configs" / "gated-s1.toml", [])
-    # no stop, no measure in the run: it keeps its weights every 3 updates, measured after it ends
-    assert (cfg.run.target_heldout, cfg.eval.every, cfg.run.keep_weights_every) == (0.0, 0, 3)
-    order = ran()
-    runs = [n for n in order if not n.startswith("curve:")]
-    assert order == [x for n in runs for x in (n, f"curve:{n}")]  # each curve right after its run, before the next run
+    # no stop, no measure on the run's clock: it keeps its weights every 3 updates and measures them once its clock stops
+    assert (cfg.run.target_heldout, cfg.eval.every, cfg.run.keep_weights_every, cfg.eval.curve_off_clock) == (0.0, 0, 3, True)
+    assert len(ran()) == 6  # six runs, and no `run.py curve` process: each run's curve is complete
     report = json.loads((ab_dir / "report.json").read_text())
     assert report["arms"]["gated"]["per_seed"]["1"]["time_to_target_s"] == 4.0  # read off the off-clock curve
     assert report["stop_rule"] == {"kind": "target_heldout", "target": 0.5, "stops": False, "horizon_s": 5.0}
@@ -238,6 +242,32 @@ def test_to_budget_reads_the_target_off_the_curve_and_lets_every_run_finish_its_
     assert run("--name", "bad2", "--target-heldout", "1.5", "--to-budget") == 2
     err = capsys.readouterr().err
     assert "--to-budget is for --target-heldout" in err and "run.target_heldout must be in [0, 1]" in err
+
+
+def test_run_py_curve_runs_only_for_a_run_whose_curve_misses_a_kept_version(study, monkeypatch):
+    run, ran, ab_dir = study
+    monkeypatch.setenv("AB_NO_CURVE", "gated-s1")  # it wrote its summary, then stopped before measuring its curve
+    assert run("--target-heldout", "0.5", "--eval-every", "3", "--to-budget") == 0
+    order = ran()
+    assert [n for n in order if n.startswith("curve:")] == ["curve:gated-s1"]
+    assert order[order.index("gated-s1") + 1] == "curve:gated-s1"  # right after its run, before the next run starts
+    (ab_dir / "gated-s0" / "heldout_curve.jsonl").unlink()  # a finished run's curve lost: measured when the study resumes
+    assert run("--target-heldout", "0.5", "--eval-every", "3", "--to-budget") == 0
+    assert ran() == ["curve:gated-s0"]
+    assert run("--target-heldout", "0.5", "--eval-every", "3", "--to-budget") == 0
+    assert ran() == []  # every curve complete: nothing started
+
+
+def test_a_study_begun_before_the_run_measured_its_own_curve_resumes(study):
+    run, ran, ab_dir = study
+    assert run("--target-heldout", "0.5", "--eval-every", "3", "--to-budget") == 0
+    ran()
+    written = ab_dir / "plain-s0" / "config.toml"
+    text = written.read_text()
+    assert "curve_off_clock = true" in text
+    written.write_text(text.replace("curve_off_clock = true", "curve_off_clock = false"))
+    assert run("--target-heldout", "0.5", "--eval-every", "3", "--to-budget") == 0
+    assert ran() == []
 
 
 def test_a_named_aa_arm_replaces_the_baseline_copy(study):
