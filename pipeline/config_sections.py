@@ -49,7 +49,8 @@ class RunSection(_Section):
     `python run.py resume RUN_DIR` continues from it."""
     keep_weights_every: int = 0
     """Also keep the policy's weights every this many updates as checkpoints/policy-v<N>.pt (0 = never): a
-    policy partway through its run, e.g. for `bench/calibrate_gate.py --weights`."""
+    policy partway through its run, e.g. for `bench/calibrate_gate.py --weights`, and the held-out curve measured off
+    the run's clock (`eval.curve_off_clock`, `run.py curve`)."""
     malloc_arenas: int = 0
     """Cap glibc's malloc arenas (pipeline/memory.py; 0 = glibc's default of 8 per core). Measured, not
     adopted: bench_memory rss_growth 0.01-0.41 in five runs with 2 arenas against 0.45-0.52 with glibc's
