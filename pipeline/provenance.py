@@ -28,12 +28,15 @@ def _git(root: Path, *args: str) -> str | None:
 
 
 def code_commit(root: Path = SOURCE) -> dict[str, Any]:
-    """{"commit": the HEAD commit of `root` (None outside git), "dirty": tracked files differ from it (None outside git)}."""
-    head = _git(root, "rev-parse", "HEAD")
-    if head is None:
+    """{"commit": the HEAD commit of `root` (None outside git), "dirty": tracked files differ from it (None outside git)},
+    from one `git status` (its porcelain v2 header names the commit; every other line is a changed tracked file): one
+    process per invocation, which every run of a study starts."""
+    status = _git(root, "status", "--porcelain=v2", "--branch", "--untracked-files=no")
+    lines = status.splitlines() if status is not None else []
+    head = next((line.split()[2] for line in lines if line.startswith("# branch.oid ")), None)
+    if head is None or head == "(initial)":  # outside git, or a repository with no commit yet
         return {"commit": None, "dirty": None}
-    status = _git(root, "status", "--porcelain", "--untracked-files=no")
-    return {"commit": head, "dirty": bool(status) if status is not None else None}
+    return {"commit": head, "dirty": any(not line.startswith("#") for line in lines)}
 
 
 def record_invocation(run_dir: Path, *, resumed: bool, root: Path = SOURCE) -> dict[str, Any]:

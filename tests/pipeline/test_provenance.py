@@ -33,6 +33,20 @@ def test_the_commit_and_the_dirty_flag_of_the_source_tree(tmp_path):
     assert len(code_commit(SOURCE)["commit"]) == 40  # this checkout
 
 
+def test_one_git_process_per_invocation(tmp_path, monkeypatch):
+    import pipeline.provenance as provenance
+
+    root, started = _repo(tmp_path), []
+    head, run = _git(root, "rev-parse", "HEAD"), subprocess.run
+    monkeypatch.setattr(provenance.subprocess, "run", lambda args, **kw: started.append(args) or run(args, **kw))
+    (root / "a.py").write_text("x = 2\n")
+    assert code_commit(root) == {"commit": head, "dirty": True} and len(started) == 1
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _git(empty, "init", "-q")
+    assert code_commit(empty) == {"commit": None, "dirty": None}  # no commit yet
+
+
 def test_a_resumed_run_appends_its_invocation_and_keeps_the_first(tmp_path):
     root, run_dir = _repo(tmp_path), tmp_path / "run"
     run_dir.mkdir()
