@@ -257,7 +257,8 @@ def _run_study(study: Study, todo: list[Any], command: Sequence[str], redo_loade
                     break
             if curve_off_clock and run.name not in failed and not measure_curve(run, study.ab_dir, command):
                 failed.append(f"{run.name} (its curve)")
-            write_report(study.ab_dir)
+            write_report(study.ab_dir, plots=False)  # the figures so far; the plots (most of a report's cost) at the end
+        write_report(study.ab_dir)
     except KeyboardInterrupt:
         write_report(study.ab_dir)
         print(f"\nrun.py ab: interrupted; finished runs are kept, the same command resumes ({study.ab_dir})", file=sys.stderr)
@@ -270,9 +271,10 @@ def _run_study(study: Study, todo: list[Any], command: Sequence[str], redo_loade
     return 0
 
 
-def write_report(ab_dir: Path, baseline: str | None = None, keep_loaded_wall: bool | None = None) -> dict[str, Any]:
+def write_report(ab_dir: Path, baseline: str | None = None, keep_loaded_wall: bool | None = None, *,
+                 plots: bool = True) -> dict[str, Any]:
     """Rebuild report.json, report.md and the plots from the study's finished runs (`keep_loaded_wall` None: the
-    study's own choice)."""
+    study's own choice; `plots` False: the report alone, as the harness writes it after each run)."""
     plan = read_plan(ab_dir)
     keep = bool(plan.get("keep_loaded_wall", False)) if keep_loaded_wall is None else keep_loaded_wall
     arms, seeds = [a["name"] for a in plan["arms"]], plan["seeds"]
@@ -290,9 +292,13 @@ def write_report(ab_dir: Path, baseline: str | None = None, keep_loaded_wall: bo
         report["notes"].append("runs the machine's load flagged, set aside and run again (kept, not counted): "
                                + ", ".join(report["loaded_runs_set_aside"]))
     counted = {int(s) for b in report["arms"].values() for s in b["seeds"]}
-    report["plots"] = write_plots(ab_dir, {a: {r.seed: r.curve for r in records if r.arm == a and r.seed in counted} for a in arms}, report)
-    if not report["plots"]:
-        report["notes"].append("no plots: matplotlib is not installed (pip install rollcut[plot])")
+    if plots:
+        report["plots"] = write_plots(ab_dir, {a: {r.seed: r.curve for r in records if r.arm == a and r.seed in counted} for a in arms}, report)
+        if not report["plots"]:
+            report["notes"].append("no plots: matplotlib is not installed (pip install rollcut[plot])")
+    else:
+        report["plots"] = []
+        report["notes"].append("plots: drawn when the study ends (`run.py ab report` draws them now)")
     report["study"] = {k: plan.get(k) for k in ("budget", "base_config", "set", "seeds", "screening")} | {
         "arms": {a["name"]: a["overrides"] for a in plan["arms"]}}
     (ab_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")

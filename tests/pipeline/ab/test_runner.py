@@ -118,6 +118,27 @@ def test_runs_interleaved_then_resumes_without_rerunning(study):
     assert ran() == []  # every arm x seed has its summary.json
 
 
+def test_the_plots_are_drawn_once_when_the_study_ends_not_after_every_run(study, monkeypatch):
+    import pipeline.ab._cli as cli
+
+    run, ran, ab_dir = study
+    drawn, write_plots = [], cli.write_plots
+    reports = []
+    write_report = cli.write_report
+
+    def spy_report(*args, **kwargs):
+        report = write_report(*args, **kwargs)
+        reports.append(report)
+        return report
+
+    monkeypatch.setattr(cli, "write_plots", lambda *a: drawn.append(1) or write_plots(*a))
+    monkeypatch.setattr(cli, "write_report", spy_report)
+    assert run() == 0 and len(ran()) == 6
+    assert len(drawn) == 1 and len(reports) == 7  # a report after each of the 6 runs, the plots once at the end
+    assert "plots: drawn when the study ends" in " ".join(reports[0]["notes"]) and reports[-1]["plots"]
+    assert run() == 0 and len(drawn) == 2  # a resumed study with nothing left to run still ends with its report
+
+
 def test_an_unfinished_run_is_set_aside_and_rerun_alone(study):
     run, ran, ab_dir = study
     assert run() == 0
