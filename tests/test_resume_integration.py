@@ -43,7 +43,7 @@ def _children(pid: int) -> list[int]:
 
 @pytest.mark.slow
 def test_ctrl_c_after_first_update_then_resume_reaches_the_configured_updates(tmp_path):
-    sets = _tiny(tmp_path, "gate.k=4", "run.updates=4", "run.name=stopped")
+    sets = _tiny(tmp_path, "gate.k=4", "run.updates=4", "run.name=stopped", "run.keep_weights_every=1", "eval.curve_off_clock=true")
     args = [sys.executable, "run.py", *BASE, *[a for s in sets for a in ("--set", s)]]
     run_dir = tmp_path / "runs" / "stopped"
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -70,6 +70,7 @@ def test_ctrl_c_after_first_update_then_resume_reaches_the_configured_updates(tm
     assert 1 <= stopped_at < 4
     assert (run_dir / "checkpoints" / "state.pt").exists()
     assert json.loads((run_dir / "summary.json").read_text())["stop_reason"] == "interrupted"
+    assert not (run_dir / "heldout_curve.jsonl").exists()  # an interrupted run measures no curve: its resume does
 
     resumed = subprocess.run([sys.executable, "run.py", "resume", str(run_dir), "--set", "run.progress=false"],
                              cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -91,6 +92,9 @@ def test_ctrl_c_after_first_update_then_resume_reaches_the_configured_updates(tm
         summary["groups_trained"]
     commits = [json.loads(line) for line in (run_dir / "commits.jsonl").read_text().splitlines()]
     assert [c["resumed"] for c in commits] == [False, True] and summary["run_commits"] == commits  # appended
+    curve = [json.loads(line) for line in (run_dir / "heldout_curve.jsonl").read_text().splitlines()]
+    # every version kept, before the stop and after the resume, measured once, stamped from its own metrics row
+    assert [(r["iteration"], r["wall_s"]) for r in curve] == [(r["iteration"], r["wall_s"]) for r in rows]
 
 
 @pytest.mark.slow

@@ -43,11 +43,15 @@ def test_ab_tiny_writes_the_report(tmp_path):
             summary = json.loads((folder / "summary.json").read_text())
             # A run the machine's load flagged keeps its env steps but not its wall clock (CI's stress pass loads it).
             assert (block["per_seed"][str(seed)]["wall_s"] is None) == ((arm, seed) in loaded)
-            # the held-out curve: measured after the run from its kept weights, never in the timed run
+            # the held-out curve: measured by the run from its kept weights once its figures were written, never in
+            # the timed run, and complete, so the harness started no `run.py curve` for it
+            assert not (ab_dir / "logs" / f"{arm}-s{seed}.curve.log").exists(), (arm, seed)
+            kept = sorted(int(p.stem.removeprefix("policy-v")) for p in (folder / "checkpoints").glob("policy-v*.pt"))
             metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
             assert not any(k.startswith("heldout/") for row in metrics for k in row), (arm, seed)
             curve = [json.loads(line) for line in (folder / "heldout_curve.jsonl").read_text().splitlines()]
             assert curve and all({"wall_s", "env_steps", "heldout/mean"} <= set(row) for row in curve), curve
+            assert [row["iteration"] for row in curve] == kept, (arm, seed)
             if "ledger" in summary:  # written by the pipeline from issue 56 on (item 1)
                 fates = summary["ledger"]["fates"]
                 assert sum(f["env_steps"] for f in fates.values()) == summary["env_steps"], (arm, seed)

@@ -284,6 +284,7 @@ async def _finish(parts: RunParts, outcome: GrpoOutcome, measured: _Measured, st
     """After the GRPO phase: the last checkpoint, the profile, held-out success after, the summary and curve."""
     cfg, run_dir, checkpointer, before = parts.cfg, parts.run_dir, _checkpointer(parts), measured.before
     version = checkpointer.write()
+    checkpointer.keep_due()
     grpo_ended = time.perf_counter()
     report = parts.profiler.finish()
     parts.profiler.write(run_dir)

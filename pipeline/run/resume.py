@@ -103,6 +103,15 @@ class Checkpointer:
         atomic_write(path, lambda f: torch.save(published_weights(state["trainer"]), f))
         return path
 
+    def keep_due(self) -> Path | None:
+        """The latest captured update's weights when they are due (`keep_weights_every`) and not kept yet: Ctrl-C
+        can stop the phase between an update's capture and its `after_update`, and a resume starts after that
+        update, so nothing else would keep them. None: nothing to keep."""
+        state = self.latest
+        if state is None or not self.keep_weights_every or state["version"] % self.keep_weights_every:
+            return None
+        return None if self.weights_path(state["version"]).exists() else self.keep_weights()
+
     def write(self) -> int | None:
         """Write the latest captured state if not written yet; returns its version (None: nothing)."""
         state = self.latest

@@ -55,6 +55,19 @@ async def test_the_published_weights_are_kept_every_n_updates_beside_the_checkpo
     assert torch.equal(torch.load(ckpt.weights_path(4), weights_only=True)["w"], torch.ones(2))  # the average it serves
 
 
+def test_weights_due_when_ctrl_c_cut_the_update_short_are_kept_at_the_end(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    ckpt = Checkpointer(tmp_path, every=1, keep_weights_every=2)
+    assert ckpt.keep_due() is None  # nothing captured
+    ckpt.capture({"version": 1, "trainer": {"model": {"w": torch.zeros(2)}, "average": None}})
+    assert ckpt.keep_due() is None  # not due
+    ckpt.capture({"version": 2, "trainer": {"model": {"w": torch.ones(2)}, "average": None}})  # then Ctrl-C: no after_update
+    assert ckpt.keep_due() == ckpt.weights_path(2)
+    assert torch.equal(torch.load(ckpt.weights_path(2), weights_only=True)["w"], torch.ones(2))
+    mtime = ckpt.weights_path(2).stat().st_mtime_ns
+    assert ckpt.keep_due() is None and ckpt.weights_path(2).stat().st_mtime_ns == mtime  # kept already: not rewritten
+
+
 def test_trim_metrics_drops_rows_after_the_checkpoint_and_a_torn_last_line(tmp_path):
     rows = [json.dumps({"iteration": i}) for i in (1, 2, 3)]
     (tmp_path / "metrics.jsonl").write_text("\n".join(rows) + '\n{"iteration": 4, "tr')
