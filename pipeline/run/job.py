@@ -329,15 +329,22 @@ async def _finish(parts: RunParts, outcome: GrpoOutcome, measured: _Measured, st
 async def _curve_off_clock(parts: RunParts, stop: trio.Event) -> None:
     """`eval.curve_off_clock`: the kept versions' held-out curve (`offclock.measure_kept`), measured once the
     run's figures are written, so it is in none of them, on the run's own suite and policy (its served weights are
-    no longer needed: the trained ones are in checkpoints/). Ctrl-C stops the measure, not the finished run:
-    `python run.py curve RUN_DIR` measures the versions left."""
+    no longer needed: the trained ones are in checkpoints/). Ctrl-C stops the measure, not the finished run; a
+    measure that fails is `RunFailed`; either way `python run.py curve RUN_DIR` measures the versions left."""
 
     def say(line: str) -> None:
         log.info("curve.measured", line=line)
         if parts.progress is not None:
             parts.progress.message(f"held-out curve, off the clock: {line}")
 
-    await _until_stopped(stop, partial(offclock.measure_kept, say=say), parts.cfg, parts.run_dir, parts.policy, parts.suite)
+    try:
+        await _until_stopped(stop, partial(offclock.measure_kept, say=say), parts.cfg, parts.run_dir, parts.policy, parts.suite)
+    except Exception as exc:
+        leaf: BaseException = exc
+        while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+            leaf = leaf.exceptions[0]  # the stop watcher's nursery wraps what the measure raised
+        raise RunFailed(f"the held-out curve after the run failed: {type(leaf).__name__}: {leaf} (the run itself finished: "
+                        f"summary.json is written); `python run.py curve {parts.run_dir}` measures the versions left") from exc
     if stop.is_set() and (left := offclock.unmeasured(parts.run_dir)):
         log.warning("curve.interrupted", versions_left=sorted(left))
         say(f"stopped with {len(left)} version(s) unmeasured; `python run.py curve {parts.run_dir}` measures them")

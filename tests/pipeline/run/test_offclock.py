@@ -96,3 +96,15 @@ async def test_ctrl_c_during_the_curve_stops_the_measure_not_the_finished_run(tm
                      profiler=None, metrics=None, observers=[], progress=progress, checkpointer=None)
     await job._curve_off_clock(parts, stop)  # returns: the run's figures are written, it is finished
     assert said and "1 version(s) unmeasured" in said[-1] and f"run.py curve {tmp_path}" in said[-1]
+
+
+async def test_a_curve_measure_that_fails_is_one_line_naming_run_py_curve(tmp_path, monkeypatch):
+    async def measure_kept(cfg, run_dir, policy, suite, *, say):
+        raise ValueError("weights for version 2 do not fit the model")
+
+    monkeypatch.setattr(offclock, "measure_kept", measure_kept)
+    parts = RunParts(cfg=RunConfig(), run_dir=tmp_path, suite=None, policy=None, tasks={}, allocator=None, trainer=None,
+                     profiler=None, metrics=None, observers=[], progress=None, checkpointer=None)
+    with pytest.raises(job.RunFailed, match=r"held-out curve after the run failed: ValueError: weights for version 2 .*"
+                                            rf"run itself finished.*run.py curve {tmp_path}"):
+        await job._curve_off_clock(parts, trio.Event())
