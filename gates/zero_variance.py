@@ -71,6 +71,9 @@ class SavedModels(msgspec.Struct, frozen=True, kw_only=True):
     features: list[str]
     task_features: list[str]
     models: dict[int, LinearModel]
+    rows: dict[int, list[tuple[list[float], bool]]] = {}
+    """k -> the labelled features they were fitted on (recordings cut nothing: unbiased). A gate started from
+    this file fits every refit on these and its own unbiased sample together."""
 
 
 @dataclass(slots=True)
@@ -122,6 +125,10 @@ class ZeroVarianceGate:
         """A checkpoint's threshold is the lowest whose precision on the unbiased sample reaches this."""
         min_flagged: Annotated[int, msgspec.Meta(ge=1)] = 10
         """...with at least this many unbiased groups above it."""
+        confidence: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.9
+        """...at this one-sided confidence (the Wilson lower bound of the precision reaches `min_precision`);
+        0 = the point estimate. Chosen on dev (docs/gate.md): with the point estimate the live precision fell
+        far below the target."""
         explore: Fraction = 0.1
         """The fraction of groups never cut after the warm-up (their labels are the unbiased sample)."""
         warmup: Annotated[int, msgspec.Meta(ge=1)] = 64
@@ -156,6 +163,8 @@ class ZeroVarianceGate:
         self._awaiting: deque[tuple[int, _Group]] = deque(maxlen=4096)
         """Closed groups waiting for their label: (group id, group)."""
         self._data: dict[int, deque[tuple[list[float], bool]]] = {k: deque(maxlen=options.window) for k in self.ks}
+        self._prior: dict[int, list[tuple[list[float], bool]]] = {}
+        """k -> the offline rows of `model` (`SavedModels.rows`): every refit fits on them as well."""
         self._models: dict[int, LinearModel] = {}
         self._live = {k: _Counts() for k in self.ks}
         self._overall = _Counts()
@@ -177,6 +186,7 @@ class ZeroVarianceGate:
             saved = msgspec.json.decode(Path(options.model).read_bytes(), type=SavedModels)
             self._task_names = list(saved.task_features)
             self._models = {k: msgspec.structs.replace(m, threshold=None) for k, m in saved.models.items() if k in self.ks}
+            self._prior = {k: [(list(x), bool(y)) for x, y in rows] for k, rows in saved.rows.items() if k in self.ks}
 
     # ----------------------------------------------------------------------------------------------
     # The prompt side
@@ -330,8 +340,10 @@ class ZeroVarianceGate:
     # Refitting, off the event loop
 
     def _snapshot(self) -> tuple[dict[int, tuple[list[list[float]], list[bool]]], FitSettings]:
-        data = {k: ([x for x, _ in rows], [y for _, y in rows]) for k, rows in self._data.items()}
-        settings = FitSettings(self.options.min_precision, self.options.min_flagged, cut_allowed=self.warmed_up)
+        data = {k: ([x for x, _ in [*self._prior.get(k, ()), *rows]], [y for _, y in [*self._prior.get(k, ()), *rows]])
+                for k, rows in self._data.items()}
+        settings = FitSettings(self.options.min_precision, self.options.min_flagged, cut_allowed=self.warmed_up,
+                               confidence=self.options.confidence)
         return data, settings
 
     def _fit_all(self, data: Mapping[int, tuple[list[list[float]], list[bool]]], settings: FitSettings) -> dict[int, LinearModel]:

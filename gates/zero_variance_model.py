@@ -7,7 +7,8 @@
   out-of-fold probabilities (`cross_val_predict`) for choosing the threshold. It runs in a worker thread
   (`ZeroVarianceGate.serve`), never on the event loop.
 * `precision_threshold`: the lowest threshold whose precision on labelled scores is at least the target
-  (the largest recall there), given enough flagged groups; `wilson_interval` for the live figures.
+  (the largest recall there), given enough flagged groups, at a declared confidence (the one-sided Wilson
+  lower bound of the precision, not its point estimate); `wilson_interval` for the live figures.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import msgspec
 
@@ -41,11 +43,16 @@ def probability(model: LinearModel, x: Sequence[float]) -> float:
     return e / (1.0 + e)
 
 
-def precision_threshold(scores: Sequence[float], labels: Sequence[bool], min_precision: float, min_flagged: int) -> float | None:
-    """The lowest score t such that the groups with score >= t are at least `min_flagged` and at least
-    `min_precision` of them are positive; None when no t qualifies. Ties are flagged together."""
+def precision_threshold(scores: Sequence[float], labels: Sequence[bool], min_precision: float, min_flagged: int,
+                        confidence: float = 0.0) -> float | None:
+    """The lowest score t such that the groups with score >= t are at least `min_flagged` and their precision is
+    at least `min_precision`: its point estimate when `confidence` is 0, else the one-sided Wilson lower bound
+    at that confidence (0.9: the precision is >= `min_precision` with 90 % confidence). The lowest qualifying t
+    of many is the winner of a search, so a point estimate there is optimistic; the bound pays for it.
+    None when no t qualifies. Ties are flagged together."""
     if len(scores) != len(labels):
         raise ValueError(f"{len(scores)} scores for {len(labels)} labels")
+    z = NormalDist().inv_cdf(confidence) if confidence > 0 else 0.0
     order = sorted(range(len(scores)), key=lambda i: -scores[i])
     best = None
     flagged = positives = 0
@@ -54,9 +61,17 @@ def precision_threshold(scores: Sequence[float], labels: Sequence[bool], min_pre
         positives += labels[i]
         if rank + 1 < len(order) and scores[order[rank + 1]] == scores[i]:
             continue  # a threshold cannot split a tie
-        if flagged >= min_flagged and positives >= min_precision * flagged:
+        if flagged >= min_flagged and precision_bound(positives, flagged, z) >= min_precision:
             best = scores[i]
     return best
+
+
+def precision_bound(positives: int, flagged: int, z: float) -> float:
+    """The one-sided Wilson lower bound of positives / flagged at z standard errors (z = 0: the point estimate)."""
+    p = positives / flagged
+    if z == 0:
+        return p
+    return wilson_interval(positives, flagged, z)[0]  # type: ignore[index]  # flagged > 0
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
@@ -76,6 +91,8 @@ class FitSettings:
     min_flagged: int
     cut_allowed: bool
     """Enough labels for a threshold (the warm-up is over): else the model is fitted without one."""
+    confidence: float = 0.0
+    """`precision_threshold`'s: 0 = the point estimate, else the one-sided confidence of its lower bound."""
     c: float = 1.0
     """Inverse L2 strength of the logistic regression."""
 
@@ -108,5 +125,6 @@ def fit_checkpoint(xs: Sequence[Sequence[float]], ys: Sequence[bool], settings: 
         folds = min(5, positives, len(ys) - positives)
         oof = cross_val_predict(pipeline, X, y, cv=StratifiedKFold(folds, shuffle=True, random_state=0),
                                 method="predict_proba")[:, 1]  # [N]
-        threshold = precision_threshold(oof.tolist(), y.tolist(), settings.min_precision, settings.min_flagged)
+        threshold = precision_threshold(oof.tolist(), y.tolist(), settings.min_precision, settings.min_flagged,
+                                        settings.confidence)
     return LinearModel(coef=coef.tolist(), intercept=intercept, threshold=threshold, labels=len(ys))

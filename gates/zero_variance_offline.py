@@ -62,14 +62,15 @@ def replay(groups: Sequence[RecordedGroup], tasks: Mapping[str, Task], options: 
 
 def fit_offline(replayed: Sequence[Replayed], task_features: Sequence[str], options: ZeroVarianceGate.Options) -> SavedModels:
     """One model per checkpoint (with its threshold for `options.min_precision`) on labelled replayed groups."""
-    settings = FitSettings(options.min_precision, options.min_flagged, cut_allowed=True)
-    models = {}
+    settings = FitSettings(options.min_precision, options.min_flagged, cut_allowed=True, confidence=options.confidence)
+    models, kept = {}, {}
     for k in [0, *sorted({*options.checkpoints, *([options.k] if options.k else [])})]:
         rows = [(r.features[k], r.label) for r in replayed if r.label is not None and k in r.features]
         model = fit_checkpoint([x for x, _ in rows], [y for _, y in rows], settings)
         if model is not None:
             models[k] = model
-    return SavedModels(features=feature_names(task_features), task_features=list(task_features), models=models)
+        kept[k] = [(list(x), bool(y)) for x, y in rows]
+    return SavedModels(features=feature_names(task_features), task_features=list(task_features), models=models, rows=kept)
 
 
 @dataclass

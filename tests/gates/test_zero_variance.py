@@ -176,7 +176,7 @@ async def test_the_decision_never_blocks_the_loop_during_a_refit():
 def test_it_learns_to_cut_stuck_groups_at_the_target_precision():
     """A stream where stuck groups end all-fail and progressing ones mixed: after the warm-up the gate cuts
     stuck groups and no progressing one, and its live precision on the unbiased sample is reported."""
-    gate = ZeroVarianceGate(ZeroVarianceGate.Options(warmup=40, explore=0.2, refit_every=10, min_flagged=5))
+    gate = ZeroVarianceGate(ZeroVarianceGate.Options(warmup=40, explore=0.2, refit_every=10, min_flagged=5, confidence=0.0))
     rng = random.Random(0)
     cuts = {True: 0, False: 0}
     for gid in range(240):

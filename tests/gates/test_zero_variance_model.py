@@ -9,6 +9,7 @@ from gates.zero_variance_model import (
     FitSettings,
     LinearModel,
     fit_checkpoint,
+    precision_bound,
     precision_threshold,
     probability,
     wilson_interval,
@@ -72,3 +73,16 @@ def test_no_fit_without_both_classes_and_no_threshold_in_the_warm_up():
     xs = [[float(i)] for i in range(20)]
     model = fit_checkpoint(xs, [i >= 10 for i in range(20)], FitSettings(0.9, 1, cut_allowed=False))
     assert model is not None and model.threshold is None
+
+
+def test_at_a_confidence_the_threshold_needs_the_precision_s_lower_bound():
+    """Ten flagged groups all positive have a point precision of 1.0 but a 90 % one-sided Wilson lower bound of
+    0.86: at confidence 0.9 a 0.95 target needs more flagged (32 all positive), at 0 the point estimate passes."""
+    scores = [1.0 - i / 100 for i in range(40)]
+    ten = [i < 10 for i in range(40)]
+    assert precision_threshold(scores, ten, 0.95, 1, confidence=0.0) == scores[9]
+    assert precision_threshold(scores, ten, 0.95, 1, confidence=0.9) is None
+    assert precision_threshold(scores, ten, 0.85, 1, confidence=0.9) == scores[9]
+    many = [i < 35 for i in range(40)]
+    assert precision_threshold(scores, many, 0.95, 1, confidence=0.9) == scores[34]
+    assert precision_bound(10, 10, 0.0) == 1.0 and precision_bound(10, 10, 1.2816) == pytest.approx(0.8590, abs=1e-3)

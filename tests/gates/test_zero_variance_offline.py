@@ -52,3 +52,18 @@ def test_fitted_on_one_seed_it_cuts_the_other_seeds_stuck_groups_early(tmp_path)
     assert msgspec.json.decode(path.read_bytes(), type=SavedModels) == saved
     gate = ZeroVarianceGate(ZeroVarianceGate.Options(model=str(path)))
     assert gate._models[2].coef == saved.models[2].coef and gate._models[2].threshold is None  # not before the warm-up
+
+
+def test_a_gate_started_from_a_file_refits_on_its_rows_and_its_own_sample(tmp_path):
+    """The offline rows (recordings cut nothing: unbiased) join every refit's data; the gate's own labels follow."""
+    options = ZeroVarianceGate.Options(min_flagged=5)
+    train, names = replay(_groups(0), TASKS, options)
+    saved = fit_offline(train, names, options)
+    assert len(saved.rows[2]) == sum(2 in r.features and r.label is not None for r in train) > 0
+    path = tmp_path / "zv.json"
+    path.write_bytes(msgspec.json.encode(saved))
+    gate = ZeroVarianceGate(ZeroVarianceGate.Options(model=str(path)))
+    seen = {}
+    gate.fit = lambda xs, ys, settings: seen.setdefault(len(ys), None)  # record the rows each fit gets
+    gate.refit_now()
+    assert len(saved.rows[2]) in seen  # before any label of its own: the file's rows alone
