@@ -49,7 +49,7 @@ def replay(groups: Sequence[RecordedGroup], tasks: Mapping[str, Task], options: 
                                 family=task.family, split=task.split, features=dict(task.features)))
         decided: dict[int, int] = {}
         for i, event in enumerate(group.events):
-            decision = gate.observe(event)
+            decision = gate.observe(msgspec.structs.replace(event, group_id=gid))  # recorded under the recording's ids
             if decision is not None:
                 decided.setdefault(decision.checkpoint, i)
         gate.close(gid)
