@@ -37,7 +37,7 @@ triggers it. `bench/bench_loop.py` measures both against the defaults before the
 Where the run's process peaks (RSS sampled every 20 ms, phases labelled; `python run.py --set run.updates=8 --set
 eval.tasks=20`, seed 0, commit 3210d30, cached warm start, loaded 2-core machine): 280 MB after the build, 280
 through the held-out measure (its episodes decode in the worker processes), ~420 MB between updates, and inside
-each learner update a climb from ~420 to 1,000-1,160 MB over its micro-batches (48 x 312 packed tokens scored by
+each learner update a climb from ~420 to 1,000-1,160 MB over its micro-batches (46 rows x 312 packed tokens scored by
 whole commands take ~290 MB each on one thread, and one thread alone stays at ~600 MB over 16 of them), back to
 ~430 at the update's `trim()`. So the peak is the learner update's, and it is fragmentation across the threads
 that allocate during it, not one batch. Behaviour cloning in the same process (a fresh warm start, 2 epochs
