@@ -33,6 +33,19 @@ CPU time. So every learner update ends with `trim()` (`learner.trim_memory`, on 
 in again once per update, not per micro-batch. And the GRPO phase runs inside `frozen_heap` (`run.gc_freeze`):
 the ~200 k objects alive when it starts stay out of every full collection, which holds the GIL whichever thread
 triggers it. `bench/bench_loop.py` measures both against the defaults before them, side by side.
+
+Where the run's process peaks (RSS sampled every 20 ms, phases labelled; `python run.py --set run.updates=8 --set
+eval.tasks=20`, seed 0, commit 3210d30, cached warm start, loaded 2-core machine): 280 MB after the build, 280
+through the held-out measure (its episodes decode in the worker processes), ~420 MB between updates, and inside
+each learner update a climb from ~420 to 1,000-1,160 MB over its micro-batches (46 rows x 312 packed tokens scored by
+whole commands take ~290 MB each on one thread, and one thread alone stays at ~600 MB over 16 of them), back to
+~430 at the update's `trim()`. So the peak is the learner update's, and it is fragmentation across the threads
+that allocate during it, not one batch. Behaviour cloning in the same process (a fresh warm start, 2 epochs
+probed) left RSS at 850-910 MB after it returned (its freed activations and AdamW state in glibc's arenas), the
+base every later phase starts from: the job trims after the warm start (`job._build_policy`); on a synthetic BC
+of 6 steps in a thread that gave back 140 of the 233 MB it had grown. The decoding workers are processes of their
+own (~310 MB each, up to 750 MB during GRPO) and `peak_rss_mb` (RUSAGE_SELF) does not count them; RUSAGE_CHILDREN
+would give only the largest child already waited for, not their sum.
 """
 
 from __future__ import annotations

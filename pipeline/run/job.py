@@ -23,7 +23,7 @@ from learner.trainer import Trainer, published_weights
 from pipeline.config import RunConfig, dump_toml
 from pipeline.ledger import ledger_table
 from pipeline.machine_load import watching
-from pipeline.memory import frozen_heap, tune_malloc
+from pipeline.memory import frozen_heap, trim, tune_malloc
 from pipeline.profiling import Profiler
 from pipeline.progress import Progress
 from pipeline.provenance import invocations, record_invocation
@@ -359,6 +359,7 @@ async def _build_policy(cfg: RunConfig, suite: EnvSuite, checkpoint: dict[str, A
     if checkpoint is None:
         policy = await build_in_thread(lambda: build.policy(cfg, suite), _close)
         built.append(policy)
+        trim()  # behaviour cloning's freed activations and optimizer state go back to the OS (issue 60, item 13)
         return policy, time.perf_counter() - t0
     policy = await build_in_thread(lambda: build.policy(cfg, suite, warm_start=False), _close)
     built.append(policy)
