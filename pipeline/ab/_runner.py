@@ -230,7 +230,11 @@ def measure_warm_start(load: Loader, base: str | None, overrides: Sequence[str],
                        command: Sequence[str]) -> float | None:
     """The seed's warm start's held-out success on `dev` (mean over the splits), measured by `run.py pretrain` in a
     child process before any arm runs (the warm start is cached for the runs); None when it could not be measured."""
-    cfg = load(base, [*overrides, f"run.seed={seed}", 'eval.range="dev"', "run.progress=false"])
+    sets = [*overrides, f"run.seed={seed}", 'eval.range="dev"', "run.progress=false"]
+    try:
+        cfg = load(base, sets)
+    except ConfigError:  # e.g. a study measuring more tasks per split than dev holds (400 on final): all of dev
+        cfg = load(base, [*sets, f"eval.tasks={load(base, [*sets, 'eval.tasks=0']).eval.ranges.dev}"])
     folder = ab_dir / "screening"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"s{seed}.toml"

@@ -29,7 +29,7 @@ FAKE_RUN = textwrap.dedent('''
     name, seed = cfg["run"]["name"], cfg["run"]["seed"]
     if "pretrain" in sys.argv:  # the screening measure: AB_WARM "seed:success,..."
         warm = dict(item.split(":") for item in os.environ.get("AB_WARM", "").split(",") if item)
-        assert cfg["eval"]["range"] == "dev"
+        assert cfg["eval"]["range"] == "dev" and cfg["eval"]["tasks"] <= cfg["eval"]["ranges"]["dev"]
         print(f"heldout_seen: success {100 * float(warm[str(seed)]):.1f}% over 4 tasks of the dev range ()")
         print(f"heldout_unseen: success {100 * float(warm[str(seed)]):.1f}% over 4 tasks of the dev range ()")
         sys.exit(0)
@@ -312,6 +312,17 @@ def test_screening_draws_the_next_seed_before_any_arm_runs_and_the_report_names_
     assert "seed 0: warm start wins 0.0 % on dev" in (ab_dir / "report.md").read_text()
     assert run("--screen", "0.1:0.7") == 0 and ran() == []  # resumed: the measures are kept, nothing reruns
     assert run("--name", "x", "--screen", "0.9:0.1") == 2
+
+
+def test_a_study_measuring_more_tasks_than_dev_holds_screens_on_all_of_dev(study, monkeypatch):
+    """A verdict measures 400 tasks per split of final; its screening measure reads dev (200 per split): it measures
+    all of dev instead of failing the config (every seed was once screened out as "could not be measured")."""
+    run, ran, ab_dir = study
+    monkeypatch.setenv("AB_WARM", "0:0.3,1:0.4")
+    sets = ["--set", "eval.ranges.dev=8", "--set", 'eval.range="valid"', "--set", "eval.tasks=10"]
+    assert run("--screen", "0.1:0.7", *sets) == 0
+    assert json.loads((ab_dir / "plan.json").read_text())["seeds"] == [0, 1]
+    assert "tasks = 8" in (ab_dir / "screening" / "s0.toml").read_text()
 
 
 def test_screen_seeds_and_the_pretrain_line():
