@@ -36,13 +36,18 @@ def test_a_bad_verdict_lists_every_problem(tmp_path):
         load_verdict(path)
 
 
-def test_the_issue_35_verdicts_load_read_test_and_write_beside_themselves():
+def test_the_committed_verdicts_load_read_test_or_final_and_write_beside_themselves():
+    """The issue-35/36 verdicts read test; those declared from issue 56 on read final and pin their task ranges."""
     files = sorted((ROOT / "configs" / "verdicts").glob("*.toml"))
-    assert {f.stem for f in files} >= {"learn-preset", "default-run", "stall-gate"}
+    assert {f.stem for f in files} >= {"learn-preset", "default-run", "stall-gate", "early-gate"}
     for path in files:
         verdict = load_verdict(path)
-        assert verdict.range == "test" and len(verdict.seeds) == 5 and min(verdict.seeds) >= 100
-        assert 'eval.range="test"' in verdict.overrides()
+        assert verdict.problems() == [] and len(verdict.seeds) == 5 and min(verdict.seeds) >= 100
+        assert f'eval.range="{verdict.range}"' in verdict.overrides()
+        if verdict.range == "final":
+            assert verdict.unpinned() == [] and f'eval.verdict="{path.stem}"' in verdict.overrides()
+        else:
+            assert verdict.range == "test"
         assert result_paths(path) == (path.with_suffix(".result.md"), path.with_suffix(".result.json"))
 
 
