@@ -19,7 +19,10 @@ Without `--verdict` the runs measure `eval.range` (dev by default: tuning). `--v
 declared verdict (`pipeline/verdict.py`, configs/verdicts/): its config, overrides and new seeds on the test
 range, kind "seeds" here and kind "ab" through `run.py ab`, and writes `FILE.result.md` / `.result.json`
 beside it whatever the figure is; a verdict with a result already, or not committed as it stands, is refused
-(exit 2; `--uncommitted` runs one anyway and says so in the result). A verdict resumes: a seed whose run
+(exit 2; `--uncommitted` runs one anyway and says so in the result). A verdict's `screen = [low, high]` is
+applied before any seed runs (kind "seeds" here, kind "ab" by `run.py ab --screen`): each seed's warm start is
+measured on dev by `run.py pretrain` and one outside the rule is replaced by the next seed up; the result names the
+seeds left out. A verdict resumes: a seed whose run
 finished is kept, one stopped by Ctrl-C runs again, and one the machine's load flagged runs again up to
 `REDO_LOADED` times (the set-aside folders are kept and named in the result).
 """
@@ -40,6 +43,7 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.ab._report import run_commit  # noqa: E402
+from pipeline.ab._runner import screened_seeds  # noqa: E402
 from pipeline.ab._stats import paired_difference  # noqa: E402
 from pipeline.config import ConfigError, load_config  # noqa: E402
 from pipeline.rundir import free_run_name  # noqa: E402
@@ -175,8 +179,12 @@ def _verdict_seeds(verdict: Verdict, name: str) -> tuple[dict[str, Any], str]:
     config = _config_path(verdict.config)
     overrides = verdict.overrides()
     out, _ = _out(config, overrides)
+    seeds, screened_out = list(verdict.seeds), {}
+    if verdict.screen:  # the declared rule, before any seed runs: a seed left out is replaced by the next one
+        seeds, screened_out = screened_seeds(load_config, str(config), overrides, seeds, (verdict.screen[0], verdict.screen[1]),
+                                             out / f"verdict-{name}-screening", [sys.executable, str(ROOT / "run.py")])
     folders, failed = [], {}
-    for seed in verdict.seeds:
+    for seed in seeds:
         folder = out / f"verdict-{name}-s{seed}"
         while True:
             if _finished(folder):
@@ -202,11 +210,15 @@ def _verdict_seeds(verdict: Verdict, name: str) -> tuple[dict[str, Any], str]:
             "heldout_success_after", "heldout_curve", "wall_s", "grpo_wall_s", "warm_start_s", "env_steps", "generated_tokens",
             "learner_updates", "stop_reason", "load_1m_min", "load_1m_mean", "load_1m_max", "cores_available",
             "other_cpu_cores", "machine_loaded")
-    loaded_before = {seed: sorted(str(f) for f in out.glob(f"verdict-{name}-s{seed}.loaded-*")) for seed in verdict.seeds}
+    loaded_before = {seed: sorted(str(f) for f in out.glob(f"verdict-{name}-s{seed}.loaded-*")) for seed in seeds}
     if any(loaded_before.values()):
         table += ("\n\nRuns the machine's load flagged, set aside and run again (kept, not counted): "
                   + ", ".join(Path(f).name for fs in loaded_before.values() for f in fs) + ".")
-    data = {"folders": [str(f) for f in folders], "failed_seeds": failed,
+    if screened_out:
+        table += ("\n\nSeeds the declared screening rule left out before anything ran: "
+                  + "; ".join(f"{s}: {why}" for s, why in screened_out.items()) + ".")
+    data = {"folders": [str(f) for f in folders], "failed_seeds": failed, "seeds_run": seeds,
+            "screened_out": {str(s): why for s, why in screened_out.items()},
             "loaded_runs_set_aside": {str(seed): f for seed, f in loaded_before.items() if f},
             "per_seed": {str(seed): {k: s.get(k) for k in keep} for seed, s in sorted(summaries.items())}}
     rise = paired_difference({s: v["heldout_success_before"] for s, v in summaries.items()},
@@ -264,7 +276,11 @@ def run_verdict(path: Path, *, allow_uncommitted: bool = False) -> int:
         return 2
     started, at = time.perf_counter(), head_commit(ROOT)
     name = path.name.removesuffix(".toml")
-    data, table = (_verdict_seeds if verdict.kind == "seeds" else _verdict_ab)(verdict, name)
+    try:
+        data, table = (_verdict_seeds if verdict.kind == "seeds" else _verdict_ab)(verdict, name)
+    except ConfigError as exc:  # e.g. too few seeds passed the declared screening rule: nothing was run
+        print(f"learn_seeds: {exc}", file=sys.stderr)
+        return 2
     seconds = time.perf_counter() - started
     header = {"verdict": msgspec.to_builtins(verdict), "file": str(path), "declared_commit": declared or "not committed",
               "run_commit": at, "seconds": round(seconds, 1), "finished": time.strftime("%Y-%m-%d %H:%M:%S %z")}

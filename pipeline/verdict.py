@@ -20,7 +20,8 @@ A verdict is a committed TOML file, `configs/verdicts/<name>.toml`:
     ranges = {dev = 200, valid = 200, test = 400}   # eval.ranges, pinned: a verdict pins every setting it reads
     aa_arm = "gate-stall-shadow"        # kind "ab": the A/A control arm (default: the baseline again, `run.py ab`)
     aa_of = "async-grpo"                # kind "ab": the arm it is a no-op copy of (default: the baseline)
-    screen = [0.1, 0.7]                 # kind "ab": keep a seed only if its warm start wins within this on dev
+    screen = [0.1, 0.7]                 # keep a seed only if its warm start wins within this on dev, drawing the
+                                        # next seed until as many pass (both kinds), before anything runs
 
 `python bench/learn_seeds.py --verdict configs/verdicts/<name>.toml` runs exactly that (nothing on its command
 line may change it), and writes `<name>.result.md` and `<name>.result.json` beside it, whatever the figure
@@ -75,7 +76,8 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     aa_arm: str = ""
     aa_of: str = ""
     screen: list[float] = []
-    """[low, high]: `run.py ab --screen low:high` (kind "ab")."""
+    """[low, high]: the screening rule (`pipeline.ab._runner.screened_seeds`): kind "ab" as `run.py ab --screen
+    low:high`, kind "seeds" in bench/learn_seeds.py, before any run."""
 
     def problems(self) -> list[str]:
         problems = []
@@ -108,10 +110,10 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
                 problems.append(f"aa_arm {self.aa_arm!r} is not one of the arms")
             if self.aa_of and (not self.aa_arm or self.aa_of not in self.arms):
                 problems.append(f"aa_of {self.aa_of!r}: one of the arms, with aa_arm")
-            if self.screen and (len(self.screen) != 2 or not 0 <= self.screen[0] <= self.screen[1] <= 1):
-                problems.append(f"screen = {self.screen}: [low, high] with 0 <= low <= high <= 1")
-        if self.kind == "seeds" and (self.aa_arm or self.aa_of or self.screen):
-            problems.append("aa_arm and screen are for kind = 'ab'")
+        if self.screen and (len(self.screen) != 2 or not 0 <= self.screen[0] <= self.screen[1] <= 1):
+            problems.append(f"screen = {self.screen}: [low, high] with 0 <= low <= high <= 1")
+        if self.kind == "seeds" and (self.aa_arm or self.aa_of):
+            problems.append("aa_arm and aa_of are for kind = 'ab'")
         if self.kind != "ab" and (self.arms or self.budget or self.baseline or self.target_heldout is not None or self.eval_every is not None
               or self.to_budget):
             problems.append("arms, budget, baseline, target_heldout, eval_every and to_budget are for kind = 'ab'")

@@ -25,7 +25,7 @@ from typing import Any
 
 from pipeline.config import ConfigError, RunSection
 
-from ._control import aa_name, screen_seeds
+from ._control import aa_name
 from ._markdown import report_markdown
 from ._plots import write_plots
 from ._presets import Preset, find_presets, list_presets
@@ -36,10 +36,10 @@ from ._runner import (
     check_resumable,
     execute,
     measure_curve,
-    measure_warm_start,
     plan_study,
     read_plan,
     run_overrides,
+    screened_seeds,
     set_aside,
     to_redo,
     write_plan,
@@ -141,8 +141,8 @@ def _study_command(args: argparse.Namespace, load: Loader, command: Sequence[str
     screened_out: dict[int, str] = {}
     if screen is not None and not args.dry_run:
         base_arm = next((a for a in arms if a.name == baseline), arms[0])
-        seeds, screened_out = _screened(load, args.config, [*run_overrides(budget, base_arm, user, 0, ab_dir)[:-4]],
-                                        seeds, screen, ab_dir, command)
+        seeds, screened_out = screened_seeds(load, args.config, [*run_overrides(budget, base_arm, user, 0, ab_dir)[:-4]],
+                                              seeds, screen, ab_dir, command)
     study = plan_study(load, args.config, budget, arms, seeds, user, ab_dir, baseline)
     todo = check_resumable(study)
     if args.dry_run:
@@ -186,28 +186,6 @@ def _screen_bounds(text: str | None) -> tuple[float, float] | None:
     if not 0 <= low <= high <= 1:
         raise ConfigError([f"--screen {text!r}: need 0 <= LOW <= HIGH <= 1"])
     return low, high
-
-
-def _screened(load: Loader, base: str | None, overrides: list[str], seeds: list[int], screen: tuple[float, float],
-              ab_dir: Path, command: Sequence[str]) -> tuple[list[int], dict[int, str]]:
-    """The study's seeds after the screening rule (`_control.screen_seeds`), measured once: a resumed study reads
-    the measures kept in screening.json."""
-    cache_path = ab_dir / "screening.json"
-    cache = {int(k): v for k, v in json.loads(cache_path.read_text()).items()} if cache_path.is_file() else {}
-
-    def measure(seed: int) -> float | None:
-        if seed not in cache:
-            print(f"screening seed {seed}: its warm start on dev", flush=True)
-            cache[seed] = measure_warm_start(load, base, overrides, seed, ab_dir, command)
-            cache_path.write_text(json.dumps({str(k): v for k, v in cache.items()}, indent=2) + "\n")
-        return cache[seed]
-
-    candidates = [*seeds, *range(max(seeds) + 1, max(seeds) + 1 + 4 * len(seeds))]
-    kept, out = screen_seeds(candidates, len(seeds), measure, *screen)
-    if len(kept) < len(seeds):
-        raise ConfigError([f"--screen: only {len(kept)} of {len(candidates)} seeds tried passed ({', '.join(map(str, kept))}); "
-                           "widen the rule or give other seeds"])
-    return kept, out
 
 
 def _run_out(load: Loader, base: str | None, overrides: list[str]) -> str:

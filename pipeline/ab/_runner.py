@@ -29,7 +29,7 @@ from typing import Any
 from pipeline.config import ConfigError, RunConfig, dump_toml
 from pipeline.heldout_curve import unmeasured
 
-from ._control import rotated_order
+from ._control import rotated_order, screen_seeds
 from ._presets import Preset, toml_value
 
 Loader = Callable[[str | Path | None, Sequence[str]], RunConfig]
@@ -270,3 +270,28 @@ def measure_curve(run: PlannedRun, ab_dir: Path, command: Sequence[str]) -> bool
     if done.returncode != 0:
         print(f"    its held-out curve failed (exit code {done.returncode}; logs/{run.name}.curve.log)", flush=True)
     return done.returncode == 0 and not unmeasured(folder)
+
+
+def screened_seeds(load: Loader, base: str | None, overrides: Sequence[str], seeds: Sequence[int], screen: tuple[float, float],
+                   ab_dir: Path, command: Sequence[str]) -> tuple[list[int], dict[int, str]]:
+    """The study's seeds after the screening rule (`_control.screen_seeds`: `seeds` first, then the next ones up
+    to 4x as many), each measured once (`measure_warm_start`): a resumed study reads the measures kept in
+    `ab_dir/screening.json`. `run.py ab --screen` and a kind-"seeds" verdict's `screen` (bench/learn_seeds.py) use it;
+    too few passing is a ConfigError."""
+    cache_path = ab_dir / "screening.json"
+    cache = {int(k): v for k, v in json.loads(cache_path.read_text()).items()} if cache_path.is_file() else {}
+
+    def measure(seed: int) -> float | None:
+        if seed not in cache:
+            print(f"screening seed {seed}: its warm start on dev", flush=True)
+            cache[seed] = measure_warm_start(load, base, overrides, seed, ab_dir, command)
+            cache_path.write_text(json.dumps({str(k): v for k, v in cache.items()}, indent=2) + "\n")
+        return cache[seed]
+
+    candidates = [*seeds, *range(max(seeds) + 1, max(seeds) + 1 + 4 * len(seeds))]
+    ab_dir.mkdir(parents=True, exist_ok=True)
+    kept, out = screen_seeds(candidates, len(seeds), measure, *screen)
+    if len(kept) < len(seeds):
+        raise ConfigError([f"screening: only {len(kept)} of {len(candidates)} seeds tried passed ({', '.join(map(str, kept))}); "
+                           "widen the rule or give other seeds"])
+    return kept, out

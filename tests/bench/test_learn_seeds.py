@@ -120,6 +120,55 @@ def test_a_verdict_runs_exactly_its_file_and_writes_its_result_beside_it(learn_s
     assert learn_seeds.run_verdict(path) == 2  # a verdict runs once
 
 
+def test_a_seeds_verdict_applies_its_screening_rule_before_any_seed_runs(learn_seeds, tmp_path: Path, monkeypatch) -> None:
+    """Issue 56, item 5 for kind "seeds": each seed's warm start measured on dev (`run.py pretrain`), a seed outside
+    the declared rule replaced by the next one up before anything runs, the result naming the seed left out."""
+    path = _verdict(tmp_path, VERDICT.format(out=tmp_path / "runs") + "screen = [0.25, 0.5]\n")
+    warm = {100: 0.1, 101: 0.3, 102: 0.4}
+    trained: list[int] = []
+    real_run = subprocess.run
+
+    def fake_run(command, cwd=None, **kwargs):
+        if not str(command[1]).endswith("run.py"):
+            return real_run(command, cwd=cwd, **kwargs)
+        if "pretrain" in command:  # the screening measure, on dev
+            cfg = (Path(command[command.index("--config") + 1])).read_text()
+            seed = int(next(line for line in cfg.splitlines() if line.startswith("seed = ")).split("=")[1])
+            assert 'range = "dev"' in cfg and trained == []  # every measure before any run
+            line = f"{100 * warm[seed]:.1f}% over 4 tasks of the dev range"
+            return subprocess.CompletedProcess(command, 0, f"heldout_seen: success {line}\nheldout_unseen: success {line}\n", "")
+        sets = dict(command[i + 1].split("=", 1) for i, a in enumerate(command) if a == "--set")
+        trained.append(int(sets["run.seed"]))
+        (tmp_path / "runs").mkdir(exist_ok=True)
+        _run_folder(tmp_path / "runs", int(sets["run.seed"]), (0.2, 0.2), (0.3, 0.3), name=json.loads(sets["run.name"]))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(learn_seeds.subprocess, "run", fake_run)
+    monkeypatch.setattr(learn_seeds, "declared_commit", lambda p: "c" * 40)
+    assert learn_seeds.run_verdict(path) == 0
+    assert trained == [101, 102]
+    result = json.loads(path.with_suffix(".result.json").read_text())
+    assert result["seeds_run"] == [101, 102] and list(result["screened_out"]) == ["100"]
+    assert "100: warm start wins 10.0 % on dev, outside [25 %, 50 %]" in path.with_suffix(".result.md").read_text()
+
+
+def test_a_seeds_verdict_whose_rule_too_few_seeds_pass_runs_nothing(learn_seeds, tmp_path: Path, monkeypatch, capsys) -> None:
+    path = _verdict(tmp_path, VERDICT.format(out=tmp_path / "runs") + "screen = [0.9, 1.0]\n")
+    real_run = subprocess.run
+
+    def fake_run(command, cwd=None, **kwargs):
+        if not str(command[1]).endswith("run.py"):
+            return real_run(command, cwd=cwd, **kwargs)
+        assert "pretrain" in command, "no seed may run"
+        return subprocess.CompletedProcess(command, 0, "heldout_seen: success 20.0% over 4\n", "")
+
+    monkeypatch.setattr(learn_seeds.subprocess, "run", fake_run)
+    monkeypatch.setattr(learn_seeds, "declared_commit", lambda p: "c" * 40)
+    assert learn_seeds.run_verdict(path) == 2
+    assert "screening: only 0 of 10 seeds tried passed" in capsys.readouterr().err
+    assert not path.with_suffix(".result.md").exists()
+
+
 def test_a_verdict_not_committed_as_it_stands_is_refused(learn_seeds, tmp_path: Path, monkeypatch) -> None:
     path = _verdict(tmp_path, VERDICT.format(out=tmp_path / "runs"))
     monkeypatch.setattr(learn_seeds, "declared_commit", lambda p: None)
