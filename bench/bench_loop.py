@@ -2,6 +2,7 @@
 
     python bench/bench_loop.py [--updates 8] [--seed 0] [--config configs/default.toml]
                                [--arm NAME=KEY=VALUE[,KEY=VALUE...] ...] [--set KEY=VALUE ...]
+                               [--only NAME[,NAME...]] [--one-at-a-time]
 
 Runs the same job (`run.py`, the config's warm start, held-out measures on 20 tasks per split) once per arm,
 every arm at the same time (so the machine's noise hits all of them), and prints each arm's figures from its
@@ -20,6 +21,10 @@ the heap alive when GRPO starts frozen, `pipeline/memory.py:frozen_heap`; a 0.5 
 `pipeline/run/runtime.py:gil_switch_interval`; every update ending with `malloc_trim`). Add arms to tell the
 three apart or to compare other settings, e.g. `--arm no-switch=run.gil_switch_ms=0`,
 `--arm no-trim=learner.trim_memory=false`, `--arm micro16=learner.micro_batch=16`, `--arm flat=run.flat_memory=true`.
+
+`--only after` keeps only the named arms (defaults or added); `--one-at-a-time` runs the arms one after another,
+each with the machine to itself: the absolute lag of a run alone (the goal's figure on 2 cores), where side by side
+the arms share the cores (ratios then carry the machine's drift between arms instead).
 
 The warm start is trained (or read from its cache) once, by `run.py pretrain`, before the arms start, so that
 no arm trains it. Run it on a quiet machine: with every arm a job of its own, N arms need about N x 2 cores to
@@ -46,6 +51,19 @@ def parse_arm(text: str) -> tuple[str, list[str]]:
     if not name:
         raise argparse.ArgumentTypeError(f"an arm is NAME=KEY=VALUE[,...], got {text!r}")
     return name, [s for s in sets.split(",") if s]
+
+
+def selected_arms(added: list[tuple[str, list[str]]], only: str | None) -> dict[str, list[str]]:
+    """The default arms and the added ones (an added name replaces a default's settings), kept to `only`'s names in
+    their order; an unknown name in `only` is an error naming the known ones."""
+    arms = dict(DEFAULT_ARMS) | dict(added)
+    if only is None:
+        return arms
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in arms]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"--only {only!r}: unknown arm(s) {unknown} (known: {', '.join(arms)})")
+    return {n: arms[n] for n in names}
 
 
 def figures(summary: dict) -> dict[str, float | None]:
@@ -76,26 +94,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--arm", type=parse_arm, action="append", default=[], help="NAME=KEY=VALUE[,KEY=VALUE...]")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="for every arm")
+    parser.add_argument("--only", help="run only these arms (comma-separated names)")
+    parser.add_argument("--one-at-a-time", action="store_true", help="run the arms one after another, each alone")
     args = parser.parse_args(argv)
-    arms = dict(DEFAULT_ARMS) | dict(args.arm)
+    try:
+        arms = selected_arms(args.arm, args.only)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
     common = [f"run.seed={args.seed}", f"run.updates={args.updates}", "eval.tasks=20", "run.progress=false",
               *args.overrides]
     run_py = [sys.executable, str(ROOT / "run.py"), "--config", args.config]
     with tempfile.TemporaryDirectory(prefix="bench-loop-") as out:
         sets = [x for s in common for x in ("--set", s)]
         subprocess.run([*run_py, "pretrain", *sets, "--out", out], check=True, stdout=subprocess.DEVNULL, cwd=ROOT)  # once
-        children = {name: subprocess.Popen([*run_py, *sets, *(x for s in extra for x in ("--set", s)),
-                                            "--set", f"run.name={name!r}".replace("'", '"'), "--out", out],
-                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-                    for name, extra in arms.items()}
+        def start(name: str, extra: list[str]) -> subprocess.Popen[str]:
+            return subprocess.Popen([*run_py, *sets, *(x for s in extra for x in ("--set", s)),
+                                     "--set", f"run.name={name!r}".replace("'", '"'), "--out", out],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
         results = {}
-        for name, child in children.items():
+        children = {} if args.one_at_a_time else {name: start(name, extra) for name, extra in arms.items()}
+        for name, extra in arms.items():
+            child = children.get(name) or start(name, extra)
             _, err = child.communicate()
             if child.returncode != 0:
                 print(f"arm {name}: run.py exited {child.returncode}\n{err[-2000:]}", file=sys.stderr)
                 return 1
             results[name] = figures(json.loads((Path(out) / name / "summary.json").read_text()))
-    print(f"{args.updates} updates, seed {args.seed}, {Path(args.config).name}; arms at the same time; ratios to {next(iter(arms))}")
+    how = "one at a time" if args.one_at_a_time else "arms at the same time"
+    print(f"{args.updates} updates, seed {args.seed}, {Path(args.config).name}; {how}; ratios to {next(iter(arms))}")
     for line in table(results):
         print(line)
     return 0

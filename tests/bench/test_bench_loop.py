@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -33,3 +36,40 @@ def test_the_table_gives_each_figure_and_its_ratio_to_the_first_arm() -> None:
     assert "loop_lag_p99_ms 3.5 (0.25x)" in lines[1] and "peak_rss_mb 1400.0 (0.50x)" in lines[1]
     assert "env_steps_per_s 99.0 (0.99x)" in lines[1]
     assert "n/a" in bench.table({"a": bench.figures({}), "b": after})[0]
+
+
+def test_only_keeps_the_named_arms_in_order_and_an_unknown_one_is_refused() -> None:
+    bench = _bench()
+    added = [bench.parse_arm("micro16=learner.micro_batch=16")]
+    assert bench.selected_arms(added, None) == {**bench.DEFAULT_ARMS, "micro16": ["learner.micro_batch=16"]}
+    assert bench.selected_arms(added, "micro16,after") == {"micro16": ["learner.micro_batch=16"], "after": []}
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown arm"):
+        bench.selected_arms([], "after,nope")
+
+
+def test_one_at_a_time_starts_each_arm_after_the_last_one_ended(monkeypatch, capsys) -> None:
+    """--one-at-a-time: each arm's run has the machine to itself (side by side, every arm starts before any ends)."""
+    bench = _bench()
+    events: list[str] = []
+
+    class FakeRun:
+        def __init__(self, command, **kwargs):
+            self.name = json.loads(command[command.index("--set", len(command) - 4) + 1].split("=", 1)[1])
+            self.out = Path(command[command.index("--out") + 1])
+            self.returncode = 0
+            events.append(f"start {self.name}")
+
+        def communicate(self):
+            (self.out / self.name).mkdir(parents=True)
+            (self.out / self.name / "summary.json").write_text(json.dumps({"loop_lag_p99_ms": 2.0, "peak_rss_mb": 900.0}))
+            events.append(f"end {self.name}")
+            return "", ""
+
+    monkeypatch.setattr(bench.subprocess, "Popen", FakeRun)
+    monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0))
+    assert bench.main(["--one-at-a-time"]) == 0
+    assert events == ["start before", "end before", "start after", "end after"]
+    assert "one at a time" in capsys.readouterr().out
+    events.clear()
+    assert bench.main(["--only", "after"]) == 0
+    assert events == ["start after", "end after"]
