@@ -9,7 +9,7 @@ only override them: `gates.gate_options`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Annotated, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Annotated, Any, Protocol, runtime_checkable
 
 import msgspec
 
@@ -62,4 +62,18 @@ class LearningGate(Gate, Protocol):
 
     def report(self) -> Mapping[str, float | None]:
         """Flat `gate/...` figures for the statistics and the run's metrics."""
+        ...
+
+
+@runtime_checkable
+class ResumableLearningGate(LearningGate, Protocol):
+    """A learning gate whose learned state survives a resume (optional: the gate stage checks for these two and
+    keeps it in the run's checkpoint, `GateStage.counters_state`; without them a resumed run starts it afresh)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What it learned, as plain data (str keys, lists, numbers): no object a checkpoint would have to unpickle."""
+        ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Put back what `state_dict` gave (a resumed run's, before any group opens)."""
         ...

@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 import trio
@@ -379,6 +379,36 @@ class ZeroVarianceGate:
             self.refit_done = trio.Event()
 
     # ----------------------------------------------------------------------------------------------
+    # A resumed run (`gates.base.ResumableLearningGate`): what it learned, as plain data
+
+    def state_dict(self) -> dict[str, Any]:
+        """The unbiased sample's rows, the fitted models, the live counts and the family success rates; groups in
+        flight are not kept (a resume loses them, as it loses their rollouts)."""
+        return {
+            "data": {str(k): [[x, y] for x, y in rows] for k, rows in self._data.items()},
+            "models": {str(k): msgspec.to_builtins(m) for k, m in self._models.items()},
+            "live": {str(k): [c.tp, c.fp, c.fn, c.tn] for k, c in self._live.items()},
+            "overall": [self._overall.tp, self._overall.fp, self._overall.fn, self._overall.tn],
+            "families": {f: list(v) for f, v in self._families.items()},
+            "task_names": self._task_names,
+            "counts": {k: getattr(self, k) for k in _COUNTS},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for k, rows in state["data"].items():
+            if int(k) in self._data:
+                self._data[int(k)].extend((list(x), bool(y)) for x, y in rows)
+        self._models.update({int(k): msgspec.convert(m, LinearModel) for k, m in state["models"].items() if int(k) in self.ks})
+        for k, (tp, fp, fn, tn) in state["live"].items():
+            if int(k) in self._live:
+                self._live[int(k)] = _Counts(tp, fp, fn, tn)
+        self._overall = _Counts(*state["overall"])
+        self._families = {f: (float(s), float(n)) for f, (s, n) in state["families"].items()}
+        self._task_names = None if state["task_names"] is None else list(state["task_names"])
+        for key in _COUNTS:
+            setattr(self, key, state["counts"][key])
+
+    # ----------------------------------------------------------------------------------------------
     # Figures
 
     def report(self) -> dict[str, float | None]:
@@ -405,6 +435,10 @@ class ZeroVarianceGate:
             model = self._models.get(k)
             out[f"gate/zv/threshold@{k}"] = model.threshold if model is not None and self.warmed_up else None
         return out
+
+
+_COUNTS = ("unbiased_labels", "labels_unused", "refits", "admission_screened", "admission_skipped", "_since_refit")
+"""The gate's running counts a checkpoint keeps."""
 
 
 class AdmissionScreen:

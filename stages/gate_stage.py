@@ -24,7 +24,7 @@ from typing import Any
 import trio
 
 from gates import ShadowLedger
-from gates.base import Gate, LearningGate
+from gates.base import Gate, LearningGate, ResumableLearningGate
 from pipeline.messages import CancelGroup, GroupClosed, GroupOpened, RolloutFailed, StepEvent, StepStream
 from pipeline.outcomes import FIRST_STAGE_KINDS, MergedOutcomes, is_gated
 from pipeline.stage import StageContext
@@ -134,13 +134,17 @@ class GateStage:
         """The counters a checkpoint keeps (plain data)."""
         ledger = {f.name: getattr(self.ledger, f.name) for f in dataclasses.fields(self.ledger)
                   if isinstance(getattr(self.ledger, f.name), int | float)}
-        return {k: getattr(self, k) for k in self._COUNTERS} | {"ledger": ledger}
+        learned = {"learning": self.learning.state_dict()} if isinstance(self.learning, ResumableLearningGate) else {}
+        return {k: getattr(self, k) for k in self._COUNTERS} | {"ledger": ledger} | learned
 
     def load_counters(self, state: Mapping[str, Any]) -> None:
+        """A resumed run's counters, and what a resumable learning gate had learned (`ResumableLearningGate`)."""
         for key in self._COUNTERS:
             setattr(self, key, state[key])
         for key, value in state["ledger"].items():
             setattr(self.ledger, key, value)
+        if "learning" in state and isinstance(self.learning, ResumableLearningGate):
+            self.learning.load_state_dict(state["learning"])
 
     def finish(self) -> None:
         """Settle every pending shadow label (call once the step stream has ended)."""

@@ -209,3 +209,31 @@ def test_without_scikit_learn_building_it_says_what_to_install(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a))
     with pytest.raises(ValueError, match="pip install scikit-learn"):
         build_gate("zero_variance", {})
+
+
+def test_what_it_learned_survives_a_resume_as_plain_data():
+    """state_dict -> JSON -> a fresh gate: the same models, live figures, counts and family rates, hence the same
+    decisions; nothing in the state is an object (a checkpoint is never unpickled)."""
+    import json
+
+    options = ZeroVarianceGate.Options(warmup=40, explore=0.2, refit_every=10, min_flagged=5, confidence=0.0)
+    gate = ZeroVarianceGate(options)
+    rng = random.Random(3)
+    for gid in range(160):
+        stuck = rng.random() < 0.5
+        _opened(gate, gid, family="a" if stuck else "b")
+        decisions = _run(gate, gid, 12, stuck=stuck)
+        gate.close(gid)
+        if not any(d.cut for d in decisions):
+            gate.labelled(gid, [0.0] * G if stuck else [1.0, 0.0, 0.0, 1.0])
+        if gate._refit_due.is_set():
+            gate._refit_due = trio.Event()
+            gate.refit_now()
+    state = json.loads(json.dumps(gate.state_dict()))  # plain data only
+    resumed = ZeroVarianceGate(options)
+    resumed.load_state_dict(state)
+    assert resumed.report() == gate.report() and resumed.warmed_up
+    assert resumed.family_success("a") == gate.family_success("a") and len(resumed._data[2]) == len(gate._data[2]) > 0
+    for g in (gate, resumed):
+        _opened(g, 1000, family="a")
+    assert [d.value for d in _run(gate, 1000, 12, stuck=True)] == [d.value for d in _run(resumed, 1000, 12, stuck=True)]

@@ -6,6 +6,7 @@ import pytest
 import trio
 
 from gates import build_gate
+from pipeline import tensors
 from pipeline.config import TransportSection
 from pipeline.messages import CancelGroup, ControlStream, GroupClosed, GroupOpened, StepEvent
 from pipeline.profiling import Profiler
@@ -181,3 +182,17 @@ async def test_the_stage_runs_a_learning_gates_refits_beside_its_loop():
                 GroupClosed(group_id=1, rewards=[1.0, 0.0], cut=False, steps=2)]
     await _run_gate(stage, messages, expect=0, until=lambda: gate.refits == 1)
     assert fitted == [1] + [0] * len(gate.checkpoints)  # admission's row; no step reached a checkpoint
+
+
+def test_a_learning_gate_s_state_is_kept_with_the_stage_s_counters():
+    """Issue 57: a resumed run's zero-variance gate starts from what it had learned, not afresh."""
+    stage = GateStage(build_gate("zero_variance", {"warmup": 8}))
+    stage.learning.unbiased_labels = 9
+    stage.learning._families["f"] = (3.0, 8.0)
+    counters = stage.counters_state()
+    assert counters["learning"]["counts"]["unbiased_labels"] == 9
+    counters = tensors.unpack(tensors.pack(counters))  # as the checkpoint file carries it
+    restored = GateStage(build_gate("zero_variance", {"warmup": 8}))
+    restored.load_counters(counters)
+    assert restored.learning.warmed_up and restored.learning.family_success("f") == stage.learning.family_success("f")
+    assert "learning" not in GateStage(_prefix_gate()).counters_state()  # a gate that learns nothing keeps nothing
