@@ -1,5 +1,6 @@
 """The zero-variance gate: what it never cuts, which labels train it, refits off the loop, and that it learns."""
 
+import json
 import random
 import threading
 
@@ -11,6 +12,7 @@ from gates.base import LearningGate
 from gates.zero_variance import AdmissionScreen, ZeroVarianceGate, explored
 from gates.zero_variance_features import STEP_FEATURES, feature_names
 from gates.zero_variance_model import FitSettings, LinearModel
+from pipeline import tensors
 from pipeline.contracts import Task
 from pipeline.messages import GroupOpened, StepEvent
 
@@ -214,8 +216,6 @@ def test_without_scikit_learn_building_it_says_what_to_install(monkeypatch):
 def test_what_it_learned_survives_a_resume_as_plain_data():
     """state_dict -> JSON -> a fresh gate: the same models, live figures, counts and family rates, hence the same
     decisions; nothing in the state is an object (a checkpoint is never unpickled)."""
-    import json
-
     options = ZeroVarianceGate.Options(warmup=40, explore=0.2, refit_every=10, min_flagged=5, confidence=0.0)
     gate = ZeroVarianceGate(options)
     rng = random.Random(3)
@@ -230,6 +230,7 @@ def test_what_it_learned_survives_a_resume_as_plain_data():
             gate._refit_due = trio.Event()
             gate.refit_now()
     state = json.loads(json.dumps(gate.state_dict()))  # plain data only
+    assert tensors.unpack(tensors.pack(gate.state_dict())) == state  # and the checkpoint's format carries it as it is
     resumed = ZeroVarianceGate(options)
     resumed.load_state_dict(state)
     assert resumed.report() == gate.report() and resumed.warmed_up
