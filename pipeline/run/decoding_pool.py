@@ -163,8 +163,13 @@ class WorkerPoolPolicy(Policy):
         )
 
     def load_weights(self, version: int, state: Mapping[str, Any]) -> None:
+        """Send to every worker while serving; between serves only keep them: the next `serve` starts its workers
+        with these (the last serve's inboxes are closed, so posting there would fail: the off-clock curve loads
+        each kept version between the measures' serves)."""
         self._weights = serialise_weights(state)
         self.version = version
+        if not self._serving:
+            return
         for worker in range(len(self._inboxes)):
             self._post(worker, LoadWeights(version=version, weights=self._weights))
 

@@ -95,6 +95,28 @@ def test_weights_reach_every_worker_by_version(setup):
     assert {r.policy_version for r in after} == {3}  # both workers (requests spread across them)
 
 
+@pytest.mark.slow
+def test_weights_loaded_between_serves_are_what_the_next_serve_decodes_with(setup):
+    """The off-clock curve loads each kept version while the pool is not serving (between its measures): that once
+    posted into the last serve's closed inboxes (PolicyStopped: cannot reach decoding worker 0); the next serve's
+    workers must decode with them."""
+    cfg, suite, contexts = setup
+    pool = build.policy(cfg, suite, workers=2)
+    state = {k: v + 0.5 for k, v in pool.trainable().state_dict().items()}
+
+    async def serve_and_answer():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.serve)
+            answers = await _answers_live(pool, contexts * 2)
+            nursery.cancel_scope.cancel()
+        return answers
+
+    first = trio.run(serve_and_answer)
+    pool.load_weights(5, state)  # not serving
+    second = trio.run(serve_and_answer)
+    assert {r.policy_version for r in first} == {0} and {r.policy_version for r in second} == {5}
+
+
 async def _answers_live(pool, contexts):
     out = []
 
