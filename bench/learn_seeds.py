@@ -281,6 +281,10 @@ def run_verdict(path: Path, *, allow_uncommitted: bool = False) -> int:
     except ConfigError as exc:  # e.g. too few seeds passed the declared screening rule: nothing was run
         print(f"learn_seeds: {exc}", file=sys.stderr)
         return 2
+    if verdict.kind == "ab" and (data.get("exit_code") == 130 or data.get("exit_code", 0) < 0):
+        print(f"learn_seeds: `run.py ab` was stopped (exit code {data['exit_code']}): a stopped verdict has no result; "
+              "run the same command to resume it (finished runs are kept)", file=sys.stderr)
+        return 130
     seconds = time.perf_counter() - started
     header = {"verdict": msgspec.to_builtins(verdict), "file": str(path), "declared_commit": declared or "not committed",
               "run_commit": at, "seconds": round(seconds, 1), "finished": time.strftime("%Y-%m-%d %H:%M:%S %z")}

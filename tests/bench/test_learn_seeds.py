@@ -280,3 +280,20 @@ def test_an_ab_verdict_passes_its_target_rule_and_redoes_loaded_runs(learn_seeds
     assert f"--redo-loaded {learn_seeds.REDO_LOADED}" in joined and "--seeds 100,101,102,103,104" in joined
     assert "--aa-arm gate-stall --aa-of async-grpo" in joined and "--screen 0.1:0.7" in joined and "eval.ranges.valid=200" in joined
     assert "wrote no report" in path.with_suffix(".result.md").read_text()
+
+
+@pytest.mark.parametrize("code", [130, -15], ids=["Ctrl-C", "SIGTERM"])
+def test_a_stopped_ab_verdict_writes_no_result_and_can_resume(learn_seeds, tmp_path: Path, monkeypatch, code) -> None:
+    """`run.py ab` stopped (Ctrl-C: 130; a signal: negative): no result file, so the same command resumes it (a result
+    file would refuse it: a verdict runs once)."""
+    path = _verdict(tmp_path, AB_VERDICT)
+
+    def fake_run(command, cwd=None, **kwargs):
+        if not str(command[1]).endswith("run.py"):
+            return subprocess.CompletedProcess(command, 0, stdout="", stderr="")
+        return subprocess.CompletedProcess(command, code)
+
+    monkeypatch.setattr(learn_seeds.subprocess, "run", fake_run)
+    monkeypatch.setattr(learn_seeds, "declared_commit", lambda p: "c" * 40)
+    assert learn_seeds.run_verdict(path) == 130
+    assert not path.with_suffix(".result.md").exists() and not path.with_suffix(".result.json").exists()
