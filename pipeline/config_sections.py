@@ -311,6 +311,9 @@ class ProfileSection(_Section):
     """Read the thread CPU clock at every span edge (per-stage CPU %); ~2 us more per span."""
     gpu_stages: list[str] = msgspec.field(default_factory=lambda: ["policy", "learner", "vllm"])
     """Stages that compete for GPU utilization samples (the others never get a share)."""
+    plot: bool = True
+    """Draw profile.png at the run's end (false: profile.json only; `run.py ab` sets it for its runs and draws them
+    all at the study's end in one process, sparing each run matplotlib's import)."""
 
     def problems(self) -> list[str]:
         return _failed((self.gpu_sample_hz > 0, "profile.gpu_sample_hz must be > 0"))

@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,9 @@ def test_ab_tiny_writes_the_report(tmp_path):
             curve = [json.loads(line) for line in (folder / "heldout_curve.jsonl").read_text().splitlines()]
             assert curve and all({"wall_s", "env_steps", "heldout/mean"} <= set(row) for row in curve), curve
             assert [row["iteration"] for row in curve] == kept, (arm, seed)
+            # the run skipped its profile.png (no matplotlib import per run); the study drew it at its end
+            assert tomllib.loads((folder / "config.toml").read_text())["profile"]["plot"] is False
+            assert (folder / "profile.png").is_file(), (arm, seed)
             if "ledger" in summary:  # written by the pipeline from issue 56 on (item 1)
                 fates = summary["ledger"]["fates"]
                 assert sum(f["env_steps"] for f in fates.values()) == summary["env_steps"], (arm, seed)
@@ -70,6 +74,7 @@ def test_ab_tiny_writes_the_report(tmp_path):
     assert "A/A control arm: `gate-aa`" in text and "| gate-aa | " in text and "A/A: " in text and "Noise floor" in text
     assert "## Where decoder work went" in text and "restricted mean" in text and "Arm order per seed (rotated per seed)" in text
     assert {"report.md", "curves.png", "wall_ratio.png"} <= {p.name for p in ab_dir.iterdir()}
+    assert any("profile.png drawn from profile.json for 9 run(s)" in note for note in report["notes"])
 
     rebuilt = subprocess.run([sys.executable, "run.py", "ab", "report", str(ab_dir.parent), "--baseline", "async-grpo",
                               "--keep-loaded-wall"], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -27,7 +27,7 @@ from pipeline.config import ConfigError, RunSection
 
 from ._control import aa_name
 from ._markdown import report_markdown
-from ._plots import write_plots
+from ._plots import write_plots, write_run_profiles
 from ._presets import Preset, find_presets, list_presets
 from ._report import build_report, read_run
 from ._runner import (
@@ -272,6 +272,9 @@ def write_report(ab_dir: Path, baseline: str | None = None, keep_loaded_wall: bo
     counted = {int(s) for b in report["arms"].values() for s in b["seeds"]}
     if plots:
         report["plots"] = write_plots(ab_dir, {a: {r.seed: r.curve for r in records if r.arm == a and r.seed in counted} for a in arms}, report)
+        drawn = write_run_profiles([ab_dir / f"{r.arm}-s{r.seed}" for r in records])
+        if drawn:
+            report["notes"].append(f"profile.png drawn from profile.json for {drawn} run(s) (a study's runs skip it: profile.plot = false)")
         if not report["plots"]:
             report["notes"].append("no plots: matplotlib is not installed (pip install rollcut[plot])")
     else:

@@ -5,6 +5,8 @@
     curves_by_seed.png  the same, one panel per seed (two or more seeds): every arm's own curve, where the mean's band
                         would hide a seed unlike the others (one that never learns spans the whole band)
     wall_ratio.png      each arm's wall clock x the baseline's, geometric mean of per-seed ratios with its Student-t interval
+
+and each run's own profile.png, which its run skipped (`profile.plot = false`), drawn from its profile.json.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from pipeline.profiling import PLOT_FILE, TRACE_FILE, write_plot_from_trace
 
 from ._report import CurvePoint
 
@@ -60,6 +64,17 @@ def write_plots(out_dir: Path, curves: Curves, report: Mapping[str, Any]) -> lis
         _ratio_png(figure, out_dir / "wall_ratio.png", report)
         written.append("wall_ratio.png")
     return written
+
+
+def write_run_profiles(folders: Sequence[Path]) -> int:
+    """Draw profile.png for each run folder that has profile.json and no picture yet (its run had
+    `profile.plot = false`, as the harness sets); returns how many were drawn (0 without matplotlib)."""
+    drawn = 0
+    for folder in folders:
+        trace, png = folder / TRACE_FILE, folder / PLOT_FILE
+        if trace.is_file() and not png.exists() and write_plot_from_trace(trace, png):
+            drawn += 1
+    return drawn
 
 
 def _curves_png(figure: Any, path: Path, curves: Curves) -> None:

@@ -35,7 +35,7 @@ from ._presets import Preset, toml_value
 Loader = Callable[[str | Path | None, Sequence[str]], RunConfig]
 """`pipeline.run.checks.load`: validates a config, names included (injected so this module stays a mechanism)."""
 
-HARNESS_KEYS = ("run.seed", "run.name", "run.out", "run.progress")
+HARNESS_KEYS = ("run.seed", "run.name", "run.out", "run.progress", "profile.plot")
 
 
 @dataclass(frozen=True)
@@ -67,9 +67,10 @@ def interleave(arms: Sequence[str], seeds: Sequence[int]) -> list[tuple[str, int
 
 
 def run_overrides(budget: Preset | None, arm: Preset, user: Sequence[str], seed: int, ab_dir: Path) -> list[str]:
-    """Merge order: budget < arm < the user's --set < what the harness owns (seed, folder, no live line)."""
+    """Merge order: budget < arm < the user's --set < what the harness owns (seed, folder, no live line, no
+    profile.png: the study draws every run's at its end, in one process)."""
     owned = [f"run.seed={seed}", f"run.name={toml_value(f'{arm.name}-s{seed}')}", f"run.out={toml_value(str(ab_dir))}",
-             "run.progress=false"]
+             "run.progress=false", "profile.plot=false"]
     return [*(budget.overrides if budget else ()), *arm.overrides, *user, *owned]
 
 
@@ -99,6 +100,7 @@ def _comparable(config_toml: str) -> dict[str, Any]:
     data = tomllib.loads(config_toml)
     data.get("run", {}).pop("out", None)  # the study folder may have moved
     data.get("eval", {}).pop("curve_off_clock", None)  # where the curve is measured, in the run or after it: not the run
+    data.get("profile", {}).pop("plot", None)  # when profile.png is drawn: not the run
     return data
 
 

@@ -22,6 +22,7 @@ from ._intervals import assign_lanes as assign_lanes
 from ._intervals import covered_fraction as covered_fraction
 from ._intervals import measure as measure
 from ._intervals import union as union
+from ._plot import write_plot_from_trace as write_plot_from_trace
 from ._profiler import PLOT_FILE as PLOT_FILE
 from ._profiler import TRACE_FILE as TRACE_FILE
 from ._profiler import Profiler as Profiler
@@ -51,4 +52,5 @@ __all__ = [
     "measure",
     "union",
     "validate_trace",
+    "write_plot_from_trace",
 ]

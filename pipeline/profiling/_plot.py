@@ -6,10 +6,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 
 from ._gpu import GpuTrack
 from ._intervals import Interval, union
+from ._trace import plot_inputs
 
 log = structlog.get_logger(__name__)
 
@@ -54,6 +56,12 @@ def write_plot(
     axes[-1].set_xlabel("seconds since profile start")
     fig.savefig(path, dpi=110)
     return True
+
+
+def write_plot_from_trace(trace_file: Path, path: Path) -> bool:
+    """Draw `path` from a run's profile.json (`Profiler.write(..., plot=False)` left the picture for later: an A/B
+    study draws every run's at its end, in one process, instead of importing matplotlib in each run)."""
+    return write_plot(path, **plot_inputs(msgspec.json.decode(trace_file.read_bytes())))
 
 
 def _timeline(

@@ -306,8 +306,9 @@ class Profiler:
             readings.append(self._cpu.thread_cpu[buf.native_id])
         return max(readings, default=(t_end, 0.0))
 
-    def write(self, run_dir: str | Path) -> list[Path]:
-        """Write profile.json (trace), profile_table.json (rows) and profile.png into `run_dir`.
+    def write(self, run_dir: str | Path, *, plot: bool = True) -> list[Path]:
+        """Write profile.json (trace), profile_table.json (rows) and profile.png into `run_dir` (`plot` False: no
+        profile.png; `write_plot_from_trace` draws the same picture from profile.json later).
 
         Calls `finish()` first if needed. A disabled profiler writes nothing and returns [].
         """
@@ -336,7 +337,7 @@ class Profiler:
         waits: dict[str, list[tuple[float, float]]] = {}
         for (stage, _n, kind, t0, t1, _c0, _c1), _i in snap.spans:
             (busy if kind == BUSY else waits).setdefault(stage, []).append((t0, t1))
-        if write_plot(
+        if plot and write_plot(
             out / PLOT_FILE,
             lo=lo,
             busy=busy,

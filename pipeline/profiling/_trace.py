@@ -149,3 +149,52 @@ def validate_trace(trace: Mapping[str, Any]) -> list[str]:
         if stack_be:
             problems.append(f"track {track}: {len(stack_be)} B event(s) never ended")
     return problems
+
+
+def plot_inputs(trace: Mapping[str, Any]) -> dict[str, Any]:
+    """What `build_trace` wrote, read back as `write_plot`'s keyword arguments (times on the trace's clock, in
+    seconds from its start, so `lo` = 0): a run that skipped profile.png (`profile.plot = false`, as every run of
+    an A/B study does) gets the same picture drawn later from its profile.json. CPU and GPU samples come back
+    with the start of each interval at the end of the one before (the trace keeps only the ends)."""
+    names: dict[int, str] = {}
+    for event in trace.get("traceEvents", ()):
+        if event.get("ph") == "M" and event.get("name") == "thread_name":
+            names[event["tid"]] = event["args"]["name"]
+    stage_of: dict[int, str] = {}
+    for tid in sorted(names):
+        label = names[tid]
+        head, sep, lane = label.rpartition(" #")
+        stage_of[tid] = head if sep and lane.isdigit() and head in stage_of.values() else label
+    busy: dict[str, list[tuple[float, float]]] = {stage: [] for stage in dict.fromkeys(stage_of.values())}
+    waits: dict[str, list[tuple[float, float]]] = {}
+    cpu: list[tuple[float, float]] = []
+    gpu_util: dict[int, list[tuple[float, float]]] = {}
+    gpu_mem: dict[int, list[tuple[float, float]]] = {}
+    gauges: list[tuple[str, float, float]] = []
+    for event in trace.get("traceEvents", ()):
+        t = event.get("ts", 0.0) / 1e6
+        if event.get("ph") == "X" and event.get("tid") in stage_of:
+            target = busy if event.get("cat") != "wait" else waits
+            target.setdefault(stage_of[event["tid"]], []).append((t, t + event.get("dur", 0.0) / 1e6))
+        elif event.get("ph") == "C":
+            name, args = event["name"], event.get("args", {})
+            gpu, _, what = name.partition("/")
+            if name == "cpu/process" and "% of one core" in args:
+                cpu.append((t, args["% of one core"] / 100.0))
+            elif gpu.startswith("gpu") and gpu[3:].isdigit() and what == "util" and "%" in args:
+                gpu_util.setdefault(int(gpu[3:]), []).append((t, args["%"] / 100.0))
+            elif gpu.startswith("gpu") and gpu[3:].isdigit() and what == "memory" and "MiB" in args:
+                gpu_mem.setdefault(int(gpu[3:]), []).append((t, args["MiB"]))
+            elif "value" in args:
+                gauges.append((name, t, args["value"]))
+    tracks = [GpuTrack(index=i, name=f"gpu{i}", total_mib=0.0, util=_intervals(gpu_util.get(i, [])), mem_mib=gpu_mem.get(i, []))
+              for i in sorted(gpu_util.keys() | gpu_mem.keys())]
+    return {"lo": 0.0, "busy": busy, "waits": waits, "cpu_samples": _intervals(cpu), "gpu_tracks": tracks, "gauges": gauges}
+
+
+def _intervals(ends: Sequence[tuple[float, float]]) -> list[tuple[float, float, float]]:
+    """(t1, value) samples -> (t0, t1, value), each starting where the one before ended (the first at its own end)."""
+    out: list[tuple[float, float, float]] = []
+    for t1, value in ends:
+        out.append((out[-1][1] if out else t1, t1, value))
+    return out

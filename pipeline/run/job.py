@@ -287,7 +287,7 @@ async def _finish(parts: RunParts, outcome: GrpoOutcome, measured: _Measured, st
     checkpointer.keep_due()
     grpo_ended = time.perf_counter()
     report = parts.profiler.finish()
-    parts.profiler.write(run_dir)
+    parts.profiler.write(run_dir, plot=cfg.profile.plot)
     interrupted = outcome.stop_reason == "interrupted"
     overhead = parts.profiler.overhead_estimate() if parts.profiler.enabled and not interrupted else None  # ~2 s of probing
     after = {} if interrupted else await _unless_stopped(stop, run_dir, evaluate_heldout, parts.policy, parts.suite,

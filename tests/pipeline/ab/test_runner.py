@@ -291,6 +291,35 @@ def test_a_study_begun_before_the_run_measured_its_own_curve_resumes(study):
     assert ran() == []
 
 
+def test_a_study_begun_before_its_runs_skipped_profile_png_resumes(study):
+    """The early gate's verdict ran its first runs with profile.png drawn in the run: a resume keeps them."""
+    run, ran, ab_dir = study
+    assert run() == 0
+    ran()
+    written = ab_dir / "plain-s0" / "config.toml"
+    text = written.read_text()
+    assert "plot = false" in text
+    written.write_text(text.replace("plot = false", "plot = true"))
+    assert run() == 0
+    assert ran() == []
+
+
+def test_the_study_draws_each_runs_profile_png_from_its_trace_at_its_end(study, monkeypatch):
+    import pipeline.ab._plots as plots
+
+    run, ran, ab_dir = study
+    drawn: list[str] = []
+    monkeypatch.setattr(plots, "write_plot_from_trace", lambda trace, png: drawn.append(png.parent.name) or True)
+    assert run() == 0 and len(ran()) == 6
+    assert drawn == []  # the fake runs wrote no profile.json
+    for name in ("plain-s0", "gated-s1"):
+        (ab_dir / name / "profile.json").write_text("{}")
+    (ab_dir / "gated-s1" / "profile.png").write_bytes(b"")  # drawn already: left alone
+    assert run() == 0
+    assert drawn == ["plain-s0"]
+    assert any("profile.png drawn from profile.json for 1 run(s)" in n for n in json.loads((ab_dir / "report.json").read_text())["notes"])
+
+
 def test_a_named_aa_arm_replaces_the_baseline_copy(study):
     run, ran, ab_dir = study
     assert run("--aa-arm", "gated") == 0

@@ -6,7 +6,14 @@ import types
 import pytest
 import trio
 
-from pipeline.profiling import UNATTRIBUTED, Profiler, load_report, validate_trace
+from pipeline.profiling import (
+    PLOT_FILE,
+    UNATTRIBUTED,
+    Profiler,
+    load_report,
+    validate_trace,
+    write_plot_from_trace,
+)
 from pipeline.profiling._cpu import process_cpu_seconds, thread_cpu_seconds
 from pipeline.profiling._gpu import GpuSampler
 
@@ -117,6 +124,21 @@ def test_a_remote_span_is_busy_time_without_the_calling_threads_cpu():
     assert report.row("policy").busy_pct == pytest.approx(40.0)  # [1, 5] of [0, 10]
     assert report.row("policy").cpu_pct == 0.0  # its CPU is another process's (`bind_process`)
     assert report.row("rollout").cpu_pct == pytest.approx(10.0)  # the thread's 1 s inside its span
+
+def test_without_the_plot_the_picture_is_drawn_later_from_the_trace(tmp_path):
+    pytest.importorskip("matplotlib")
+    now = [0.0]
+    prof = Profiler(gpu_sample_hz=0.0, clock=lambda: now[0], thread_clock=lambda: now[0])
+    for stage, t0 in (("rollout", 0.0), ("learner", 1.0), ("rollout", 2.0)):
+        now[0] = t0
+        with prof.span(stage, "x"):
+            now[0] = t0 + 0.5
+    prof.gauge("queue", 2)
+    written = prof.write(tmp_path, plot=False)
+    assert {p.name for p in written} == {"profile.json", "profile_table.json"} and not (tmp_path / PLOT_FILE).exists()
+    assert write_plot_from_trace(tmp_path / "profile.json", tmp_path / PLOT_FILE)
+    assert (tmp_path / PLOT_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
 
 def test_disabled_profiler_records_nothing_and_writes_nothing(tmp_path):
     prof = Profiler(enabled=False)

@@ -5,7 +5,7 @@ import pytest
 from pipeline.profiling import validate_trace
 from pipeline.profiling._gpu import GpuTrack
 from pipeline.profiling._recorder import BUSY, WAIT
-from pipeline.profiling._trace import build_trace
+from pipeline.profiling._trace import build_trace, plot_inputs
 
 NAN = float("nan")
 
@@ -40,6 +40,26 @@ def test_built_trace_is_valid_and_has_one_named_track_per_stage_lane():
     assert first["dur"] == pytest.approx(100_000.0)
     counters = {e["name"] for e in trace["traceEvents"] if e["ph"] == "C"}
     assert counters == {"cpu/process", "gpu0/util", "gpu0/memory", "queue/policy"}
+
+
+def test_the_plots_inputs_read_back_from_the_trace_are_what_built_it():
+    """A run with profile.plot = false draws its picture later from profile.json: the same stages in the same
+    order (a stage with no span of its kind included), the same spans, samples and gauges, times from the start."""
+    got = plot_inputs(_trace())
+    assert got["lo"] == 0.0
+    assert list(got["busy"]) == ["rollout", "gate"] and got["busy"]["gate"] == []
+    assert [pytest.approx(span) for span in [(0.0, 0.5), (0.1, 0.2), (0.2, 0.7)]] == sorted(got["busy"]["rollout"])
+    assert got["waits"] == {"gate": [pytest.approx((0.0, 1.0))]}
+    assert got["cpu_samples"] == [pytest.approx((0.1, 0.1, 0.9))]  # only the end is kept: it starts there too
+    (gpu,) = got["gpu_tracks"]
+    assert gpu.index == 0 and gpu.util == [pytest.approx((0.5, 0.5, 0.4))] and gpu.mem_mib == [pytest.approx((0.5, 300.0))]
+    assert got["gauges"] == [("queue/policy", pytest.approx(0.3), 12)]
+
+
+def test_a_stage_named_like_a_lane_is_its_own_stage():
+    trace = build_trace([("a #2", "x", BUSY, 0.0, 1.0, NAN, NAN), ("b", "y", BUSY, 0.0, 1.0, NAN, NAN)],
+                        lo=0.0, stages=["a #2", "b"])
+    assert list(plot_inputs(trace)["busy"]) == ["a #2", "b"]
 
 
 @pytest.mark.parametrize(
