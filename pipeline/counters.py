@@ -97,6 +97,8 @@ class PhaseCounters:
     evaluations: list[dict[str, Any]] = field(default_factory=list)
     loop_lag: LogHistogram = field(default_factory=LogHistogram)
     """Loop-lag samples (seconds) in constant memory."""
+    loop_blocks: dict[str, list[float]] = field(default_factory=dict)
+    """What held the loop (`pipeline/run/loop_watch.py`): task name or "(wake-up)" -> [count, total s, longest s]."""
     resumed_wall_s: float = 0.0
     """GRPO wall time of the run's earlier segments (before a resume)."""
     resumed_dropped_frames: dict[str, dict[str, int]] = field(default_factory=dict)

@@ -88,6 +88,13 @@ async def test_pipeline_cuts_backfills_and_trains_on_a_tiny_budget(tmp_path):
     by_family = summary["groups_by_family"]  # every train task has a family: the breakdown adds up
     assert sum(sum(kinds.values()) for kinds in by_family.values()) == tally.groups_complete
     assert "## Training groups by family" in (run_dir / "summary.md").read_text()
+    # what held the loop: named in the summary, and a `loop` span of the profile for each
+    blocked = {row["name"]: row["count"] for row in written["loop_blockers"]}
+    assert "## What held the event loop" in (run_dir / "summary.md").read_text()
+    trace = json.loads((run_dir / "profile.json").read_text())["traceEvents"]
+    tracks = {e["tid"]: e["args"]["name"] for e in trace if e["name"] == "thread_name"}
+    spans = [e["name"] for e in trace if e["ph"] == "X" and tracks[e["tid"]].split(" #")[0] == "loop"]
+    assert all(spans.count(name) == count for name, count in blocked.items()), (blocked, len(spans))
 
     # The job closed its events.jsonl: events logged after it must not go to the closed file.
     events_size = (run_dir / "events.jsonl").stat().st_size

@@ -37,6 +37,7 @@ from ._report import TABLE_FILE, Report, build_report
 from ._trace import build_trace
 
 log = structlog.get_logger(__name__)
+_NAN = float("nan")
 
 TRACE_FILE = "profile.json"
 PLOT_FILE = "profile.png"
@@ -146,6 +147,18 @@ class Profiler:
         """Context manager marking `stage` idle-waiting (e.g. on a channel); shown in the trace, not busy."""
         spans = self._spans_list()
         return NULL_SPAN if spans is None else self._wait_span(spans, stage, name)
+
+    def record(self, stage: str, name: str, t0: float, t1: float) -> None:
+        """A busy span of `stage` already over, `t0`..`t1` on this profiler's clock (`clock`), taking none of the
+        thread's CPU: what an observer saw rather than work the stage did (the loop watch's slow steps)."""
+        spans = self._spans_list()
+        if spans is not None:
+            spans.append((stage, name, BUSY, t0, t1, _NAN, _NAN))
+
+    @property
+    def clock(self) -> Clock:
+        """The wall clock spans are timed on."""
+        return self._clock
 
     def gauge(self, name: str, value: float) -> None:
         """One sample of a counter track (queue depth, in-flight groups, busy slots)."""

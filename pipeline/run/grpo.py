@@ -44,6 +44,7 @@ from stages.rollout import RolloutStage
 
 from . import resume
 from .heldout import PeriodicHeldout
+from .loop_watch import LOOP_STAGE, LoopWatch, watching
 from .parts import RunParts
 from .placement import GateHandle, PhaseStages, addresses, place_stages
 from .runtime import (
@@ -129,27 +130,30 @@ async def run_grpo(parts: RunParts, *, stop: trio.Event | None = None) -> GrpoOu
             """`ctx` with the addresses this process bound, as its peers reach them."""
             return _with_addresses(ctx, **{k: where.reachable(v) for k, v in bound.items()})
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(monitor_loop_lag, phase.counters)
-            ctx = reached(events=await nursery.start(publish_events, zmq, t.events, t.hwm, w.events_in))
-            observers_done = trio.Event()
-            await nursery.start(run_observers, parts.observers, ctx, observers_done)
-            evals = await nursery.start(host_nursery)
-            nursery.start_soon(set_on, w.heldout.target_reached, phase.done)
-            async with trio.open_nursery() as work:  # everything that trains: cancelled at the last update
-                await work.start(policy.serve)
-                await _start_stages(work, w, zmq, ctx, reached, nursery)
-                await work.start(w.recorder.consume, w.stages.reports, evals)
-                await work.start(phase.lifecycle.run, w.rollout)
-                phase.admission_began()
-                if stop is not None:
-                    work.start_soon(set_on, stop, phase.done)
-                if progress is not None:
-                    work.start_soon(progress.tick, lambda: live_status(phase))
-                outcome = await _until_done(w, stop)
-                work.cancel_scope.cancel("GRPO phase finished")  # no update or rollout after the last one
-            await _finish(w, outcome.stop_reason, observers_done)
-            nursery.cancel_scope.cancel("GRPO phase finished")
+        watch = LoopWatch(phase.counters.loop_blocks, clock=parts.profiler.clock,
+                          record=lambda name, t0, t1: parts.profiler.record(LOOP_STAGE, name, t0, t1))
+        with watching(watch):  # whose time a late tick was
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(monitor_loop_lag, phase.counters)
+                ctx = reached(events=await nursery.start(publish_events, zmq, t.events, t.hwm, w.events_in))
+                observers_done = trio.Event()
+                await nursery.start(run_observers, parts.observers, ctx, observers_done)
+                evals = await nursery.start(host_nursery)
+                nursery.start_soon(set_on, w.heldout.target_reached, phase.done)
+                async with trio.open_nursery() as work:  # everything that trains: cancelled at the last update
+                    await work.start(policy.serve)
+                    await _start_stages(work, w, zmq, ctx, reached, nursery)
+                    await work.start(w.recorder.consume, w.stages.reports, evals)
+                    await work.start(phase.lifecycle.run, w.rollout)
+                    phase.admission_began()
+                    if stop is not None:
+                        work.start_soon(set_on, stop, phase.done)
+                    if progress is not None:
+                        work.start_soon(progress.tick, lambda: live_status(phase))
+                    outcome = await _until_done(w, stop)
+                    work.cancel_scope.cancel("GRPO phase finished")  # no update or rollout after the last one
+                await _finish(w, outcome.stop_reason, observers_done)
+                nursery.cancel_scope.cancel("GRPO phase finished")
     phase.lifecycle.finish(w.rollout.abandoned)
     if w.stages.gate is not None:
         w.stages.gate.finish()

@@ -40,6 +40,7 @@ from .failure import failure_message, save_on_failure
 from .grpo import GrpoOutcome, run_grpo
 from .heldout import Evaluate
 from .learning_curve import curve_points, write_learning_curve
+from .loop_watch import blockers_table
 from .parts import RunParts
 from .runtime import gil_switch_interval
 from .summary import (
@@ -316,6 +317,7 @@ async def _finish(parts: RunParts, outcome: GrpoOutcome, measured: _Measured, st
         f"Held-out success by family ({cfg.eval.range} range)": family_table(before, after),
         "Training groups by family": group_kinds_table(outcome.counters.kinds_by_family),
         "Decoder work by fate": ledger_table(figures["ledger"]),
+        "What held the event loop": blockers_table(figures["loop_blockers"], figures["loop_lag_p99_ms"]),
     } | ({"Zero-variance predictor (unbiased sample)": predictor_table(figures["gate_predictor"])}
          if figures.get("gate_predictor") else {}))
     log.info("job.finished", **{k: v for k, v in figures.items() if not isinstance(v, dict | list)})

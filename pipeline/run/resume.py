@@ -202,6 +202,7 @@ def capture_counters(*, counters: Any, admission: Any, rollout: Any, version: in
     return copy.deepcopy({
         "tally": _fields(counters, _WINDOW),
         "loop_lag": counters.loop_lag.state_dict(),
+        "loop_blocks": counters.loop_blocks,
         "kinds_by_family": counters.kinds_by_family,
         "admission": admission.state_dict(),
         "rollout": {k: getattr(rollout, k) for k in _ROLLOUT},
@@ -229,6 +230,7 @@ def restore_counters(state: Mapping[str, Any], *, counters: Any, admission: Any,
         if key != "groups_received" or "groups_received" not in state["tally"]:
             setattr(counters, key, value)
     counters.loop_lag.load_state_dict(state["loop_lag"])
+    counters.loop_blocks = copy.deepcopy(state.get("loop_blocks", {}))  # absent in older checkpoints
     counters.kinds_by_family = copy.deepcopy(state.get("kinds_by_family", {}))  # absent in older checkpoints
     counters.resumed_wall_s = state["wall_s"]
     counters.resumed_dropped_frames = state.get("dropped_frames", {})

@@ -15,6 +15,7 @@ from stages.evaluate import EpisodeOutcome, EvalReport, summarize
 
 from . import build
 from .grpo import GrpoOutcome
+from .loop_watch import blockers
 
 
 def fmt_eval(reports: dict[str, EvalReport]) -> str:
@@ -71,6 +72,7 @@ def summary(
         "heldout_curve": outcome.counters.evaluations,
         "eval_s": outcome.counters.eval_s,
         "loop_lag_p99_ms": outcome.loop_lag_p99_ms(),
+        "loop_blockers": blockers(outcome.counters.loop_blocks),
         "profiler_overhead_pct": profiler_overhead_pct,
         "warm_start_s": warm_start_s,
         "grpo_wall_s": outcome.wall_s,

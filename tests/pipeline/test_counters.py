@@ -48,6 +48,19 @@ def test_the_family_breakdown_survives_a_checkpoint():
     assert back.kinds_by_family == _counted().kinds_by_family
 
 
+def test_what_held_the_loop_survives_a_checkpoint():
+    counters = PhaseCounters()
+    counters.loop_blocks["rollout"] = [2, 0.006, 0.004]
+    rollout = SimpleNamespace(env_steps=0, trajectories_failed=0, trajectories_ended=0, trajectory_seconds=0.0, cuts_late=0,
+                              first_error="", cancels_received=0, shadow_cancels=0)
+    admission = SimpleNamespace(state_dict=lambda: {}, load_state_dict=lambda state: None)
+    state = capture_counters(counters=counters, admission=admission, rollout=rollout, version=3, gate=None, wall_s=1.0)
+    counters.loop_blocks["rollout"][0] += 1  # after the checkpoint: not in it
+    back = PhaseCounters()
+    restore_counters(state, counters=back, admission=admission, rollout=rollout, gate=None)
+    assert back.loop_blocks == {"rollout": [2, 0.006, 0.004]}
+
+
 def test_learner_item_counts_add_up_over_updates_and_survive_a_checkpoint():
     counters = PhaseCounters()
     for beyond in (7, 0, 3):
