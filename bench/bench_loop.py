@@ -11,7 +11,9 @@ summary.json and their ratio to the first arm's:
 * `loop_lag_p99_ms`: the GRPO phase's event-loop lag p99 (a 10 ms sleep's overshoot, `monitor_loop_lag`);
   goal <= 5 ms (issue 60, item 13: 14.1 ms and 10.0 ms in default runs while the learner trains);
 * `peak_rss_mb`: the run's process, whole job (ru_maxrss); goal <= 1.5 GB (issue 60: 2.7 GB and 3.6 GB);
-* `env_steps_per_s` over the GRPO phase: "at unchanged speed" is a ratio near 1.
+* `env_steps_per_s` over the GRPO phase: "at unchanged speed" is a ratio near 1;
+
+and, per arm, what held the loop (the summary's `loop_blockers`: the task steps and late wake-ups of 2 ms or more).
 
 The arms by default: `before` (`run.gc_freeze=false`: Python's collector traverses the whole heap in every
 full collection, holding the GIL; `run.gil_switch_ms=0`: Python's 5 ms GIL switch interval, which the loop may
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "--set", f"run.name={name!r}".replace("'", '"'), "--out", out],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
-        results = {}
+        results, blocked = {}, {}
         children = {} if args.one_at_a_time else {name: start(name, extra) for name, extra in arms.items()}
         for name, extra in arms.items():
             child = children.get(name) or start(name, extra)
@@ -120,11 +122,15 @@ def main(argv: list[str] | None = None) -> int:
             if child.returncode != 0:
                 print(f"arm {name}: run.py exited {child.returncode}\n{err[-2000:]}", file=sys.stderr)
                 return 1
-            results[name] = figures(json.loads((Path(out) / name / "summary.json").read_text()))
+            summary = json.loads((Path(out) / name / "summary.json").read_text())
+            results[name], blocked[name] = figures(summary), summary.get("loop_blockers", [])
     how = "one at a time" if args.one_at_a_time else "arms at the same time"
     print(f"{args.updates} updates, seed {args.seed}, {Path(args.config).name}; {how}; ratios to {next(iter(arms))}")
     for line in table(results):
         print(line)
+    for name, rows in blocked.items():
+        print(f"{name}: what held the loop (pipeline/run/loop_watch.py; count, total ms, longest ms): "
+              + ("; ".join(f"{r['name']} {r['count']} {r['total_ms']:.0f} {r['longest_ms']:.1f}" for r in rows[:5]) or "nothing"))
     return 0
 
 

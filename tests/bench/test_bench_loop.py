@@ -61,7 +61,8 @@ def test_one_at_a_time_starts_each_arm_after_the_last_one_ended(monkeypatch, cap
 
         def communicate(self):
             (self.out / self.name).mkdir(parents=True)
-            (self.out / self.name / "summary.json").write_text(json.dumps({"loop_lag_p99_ms": 2.0, "peak_rss_mb": 900.0}))
+            (self.out / self.name / "summary.json").write_text(json.dumps({"loop_lag_p99_ms": 2.0, "peak_rss_mb": 900.0,
+                "loop_blockers": [{"name": "(wake-up)", "count": 3, "total_ms": 9.0, "longest_ms": 4.0}]}))
             events.append(f"end {self.name}")
             return "", ""
 
@@ -69,7 +70,8 @@ def test_one_at_a_time_starts_each_arm_after_the_last_one_ended(monkeypatch, cap
     monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0))
     assert bench.main(["--one-at-a-time"]) == 0
     assert events == ["start before", "end before", "start after", "end after"]
-    assert "one at a time" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "one at a time" in out and "after: what held the loop" in out and "(wake-up) 3 9 4.0" in out
     events.clear()
     assert bench.main(["--only", "after"]) == 0
     assert events == ["start after", "end after"]
