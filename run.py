@@ -235,7 +235,8 @@ async def _pretrain(cfg) -> None:  # noqa: ANN001
 
     from pipeline.progress import Progress
     from pipeline.run import build
-    from pipeline.run.job import _close_policies, evaluate_heldout, heldout_tasks
+    from pipeline.run.heldout import evaluate_heldout, heldout_tasks
+    from pipeline.run.job import _close_policies
     from pipeline.run.teardown import build_in_thread
     from pipeline.rundir import configure_logging
 

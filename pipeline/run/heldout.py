@@ -1,4 +1,6 @@
-"""Held-out success measured during the GRPO phase, every `eval.every` learner updates.
+"""Held-out success: which tasks a run measures (`heldout_tasks` before and after GRPO, `curve_tasks` during
+it), how (`evaluate_heldout`, `periodic_evaluator`), and the measure during the GRPO phase, every `eval.every`
+learner updates.
 
 `PeriodicHeldout` keeps the weights of each version due for a measure (a detached copy, taken when the
 learner publishes them), runs `evaluate(version, weights)` in a nursery of the caller's while training goes
@@ -19,10 +21,73 @@ from typing import Any
 
 import trio
 
+from pipeline.config import RunConfig
 from pipeline.progress import Progress
 from pipeline.rundir import MetricsWriter
+from pipeline.task_ranges import heldout_ranges
+from stages.envs import EnvSuite, Task
+from stages.evaluate import EvalReport, evaluate_splits
+from stages.policy import Policy
+
+from . import build
 
 Evaluate = Callable[[int, Mapping[str, Any]], Awaitable[dict[str, float]]]
+
+
+def heldout_tasks(cfg: RunConfig, suite: EnvSuite) -> dict[str, list[Task]]:
+    """The before/after measure's tasks: the first `eval.tasks` of range `eval.range` of each eval split
+    (`pipeline/task_ranges.py`); a split with none there is left out with a warning (not "0.0%")."""
+    if not cfg.eval.tasks:
+        return {}
+    return heldout_ranges(suite.tasks, cfg.eval.splits, cfg.eval.range, cfg.eval.sizes(), cfg.eval.tasks,
+                          verdict=cfg.eval.verdict)
+
+
+def curve_tasks(cfg: RunConfig, suite: EnvSuite) -> dict[str, list[Task]]:
+    """The periodic measure's tasks (`eval.every`, and the stop rule): the first `eval.curve_tasks` of range
+    `eval.curve_range` of each eval split (never test)."""
+    count = cfg.eval.periodic_tasks()
+    if not (cfg.eval.every and count):
+        return {}
+    return heldout_ranges(suite.tasks, cfg.eval.splits, cfg.eval.curve_range, cfg.eval.sizes(), count)
+
+
+async def evaluate_heldout(policy: Policy, suite: EnvSuite, splits: dict[str, list[Task]], greedy: bool) -> dict[str, EvalReport]:
+    if not splits:  # nothing to measure (`eval.tasks = 0`): no serve, so no decoders placed (engines started) for it
+        return {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(policy.serve)
+        reports = await evaluate_splits(policy, suite, splits, greedy=greedy)  # all splits' episodes at once
+        nursery.cancel_scope.cancel("evaluation finished")
+    return reports
+
+
+def periodic_evaluator(cfg: RunConfig, suite: EnvSuite, splits: dict[str, list[Task]], built: list[Policy]) -> Any:
+    """`evaluate(version, weights)` for the GRPO phase: a second policy of the same backend (the cached
+    warm start), loaded with exactly that version's weights, so the figure is that version's whatever the
+    live policy loads meanwhile. The policy is added to `built`, which the job closes."""
+    holder: list[Policy] = []
+    one_at_a_time = trio.Lock()  # one evaluation policy: evaluations that overlap (small eval.every) take turns
+
+    async def evaluate_version(version: int, state: Any) -> dict[str, float]:
+        async with one_at_a_time:
+            if not holder:
+                holder.append(await trio.to_thread.run_sync(lambda: build.policy(cfg, suite, workers=1)))
+                built.append(holder[0])
+            policy = holder[0]
+            policy.load_weights(version, state)
+            reports = await evaluate_heldout(policy, suite, splits, cfg.eval.greedy)
+        scores = {split.removeprefix("heldout_"): r.success for split, r in reports.items()}
+        mean = mean_success(reports)
+        return scores | ({"mean": mean} if mean is not None else {})
+
+    return evaluate_version
+
+
+def mean_success(reports: dict[str, EvalReport]) -> float | None:
+    """Episodes won over all the splits' episodes (None: none measured)."""
+    episodes = [e for r in reports.values() for e in r.episodes]
+    return sum(e.won for e in episodes) / len(episodes) if episodes else None
 
 
 class PeriodicHeldout:

@@ -28,17 +28,16 @@ from pipeline.profiling import Profiler
 from pipeline.progress import Progress
 from pipeline.provenance import invocations, record_invocation
 from pipeline.rundir import MetricsWriter, configure_logging, create_run_dir, write_summary
-from pipeline.task_ranges import heldout_ranges
 from pipeline.trackers import Trackers, finish_run, open_run_trackers
 from stages.envs import EnvSuite, Task
-from stages.evaluate import EvalReport, evaluate_splits
+from stages.evaluate import EvalReport
 from stages.policy import Policy
 
 from . import before_cache, build, offclock, resume
 from .build import cluster, train_tasks
 from .failure import failure_message, save_on_failure
 from .grpo import GrpoOutcome, run_grpo
-from .heldout import Evaluate
+from .heldout import Evaluate, curve_tasks, evaluate_heldout, heldout_tasks, periodic_evaluator
 from .learning_curve import curve_points, write_learning_curve
 from .loop_watch import blockers_table
 from .parts import RunParts
@@ -47,7 +46,6 @@ from .summary import (
     family_table,
     fmt_eval,
     group_kinds_table,
-    mean_success,
     predictor_table,
     reports_from_json,
     reports_to_json,
@@ -56,56 +54,6 @@ from .summary import (
 from .teardown import build_in_thread
 
 log = structlog.get_logger(__name__)
-
-
-def heldout_tasks(cfg: RunConfig, suite: EnvSuite) -> dict[str, list[Task]]:
-    """The before/after measure's tasks: the first `eval.tasks` of range `eval.range` of each eval split
-    (`pipeline/task_ranges.py`); a split with none there is left out with a warning (not "0.0%")."""
-    if not cfg.eval.tasks:
-        return {}
-    return heldout_ranges(suite.tasks, cfg.eval.splits, cfg.eval.range, cfg.eval.sizes(), cfg.eval.tasks,
-                          verdict=cfg.eval.verdict)
-
-
-def curve_tasks(cfg: RunConfig, suite: EnvSuite) -> dict[str, list[Task]]:
-    """The periodic measure's tasks (`eval.every`, and the stop rule): the first `eval.curve_tasks` of range
-    `eval.curve_range` of each eval split (never test)."""
-    count = cfg.eval.periodic_tasks()
-    if not (cfg.eval.every and count):
-        return {}
-    return heldout_ranges(suite.tasks, cfg.eval.splits, cfg.eval.curve_range, cfg.eval.sizes(), count)
-
-
-async def evaluate_heldout(policy: Policy, suite: EnvSuite, splits: dict[str, list[Task]], greedy: bool) -> dict[str, EvalReport]:
-    if not splits:  # nothing to measure (`eval.tasks = 0`): no serve, so no decoders placed (engines started) for it
-        return {}
-    async with trio.open_nursery() as nursery:
-        await nursery.start(policy.serve)
-        reports = await evaluate_splits(policy, suite, splits, greedy=greedy)  # all splits' episodes at once
-        nursery.cancel_scope.cancel("evaluation finished")
-    return reports
-
-
-def _periodic_evaluator(cfg: RunConfig, suite: EnvSuite, splits: dict[str, list[Task]], built: list[Policy]) -> Any:
-    """`evaluate(version, weights)` for the GRPO phase: a second policy of the same backend (the cached
-    warm start), loaded with exactly that version's weights, so the figure is that version's whatever the
-    live policy loads meanwhile. The policy is added to `built`, which the job closes."""
-    holder: list[Policy] = []
-    one_at_a_time = trio.Lock()  # one evaluation policy: evaluations that overlap (small eval.every) take turns
-
-    async def evaluate_version(version: int, state: Any) -> dict[str, float]:
-        async with one_at_a_time:
-            if not holder:
-                holder.append(await trio.to_thread.run_sync(lambda: build.policy(cfg, suite, workers=1)))
-                built.append(holder[0])
-            policy = holder[0]
-            policy.load_weights(version, state)
-            reports = await evaluate_heldout(policy, suite, splits, cfg.eval.greedy)
-        scores = {split.removeprefix("heldout_"): r.success for split, r in reports.items()}
-        mean = mean_success(reports)
-        return scores | ({"mean": mean} if mean is not None else {})
-
-    return evaluate_version
 
 
 @dataclass
@@ -212,7 +160,7 @@ async def _run_phases(
     progress.message(f"held-out success before GRPO ({cfg.eval.range}): " + fmt_eval(before))
     curve = curve_tasks(cfg, suite)
     parts = _run_parts(cfg, run_dir, suite, policy, splits, checkpoint, job, progress, trackers,
-                       evaluate=_periodic_evaluator(cfg, suite, curve, built) if curve else None)
+                       evaluate=periodic_evaluator(cfg, suite, curve, built) if curve else None)
     checkpointer = _checkpointer(parts)
     try:
         progress.message(

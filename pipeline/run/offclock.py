@@ -30,7 +30,7 @@ from stages.envs import EnvSuite
 from stages.policy import Policy
 
 from . import build
-from .summary import mean_success
+from .heldout import evaluate_heldout, mean_success
 
 
 async def measure_kept(cfg: RunConfig, run_dir: Path, policy: Policy, suite: EnvSuite, *,
@@ -38,7 +38,6 @@ async def measure_kept(cfg: RunConfig, run_dir: Path, policy: Policy, suite: Env
     """Measure every kept version not measured yet on `policy` (a policy of the run's backend, not serving: each
     version's weights replace whatever it holds), appending each row as it is measured; returns the rows of
     heldout_curve.jsonl (all of them)."""
-    from .job import evaluate_heldout  # job imports this module
 
     done = measured(run_dir)
     todo = unmeasured(run_dir)

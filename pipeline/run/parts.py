@@ -46,4 +46,4 @@ class RunParts:
     evaluate: Evaluate | None = None
     """`evaluate(version, weights)`: the periodic held-out measure (`eval.every`); None: none."""
     heldout: dict[str, list[Task]] = field(default_factory=dict)
-    """The held-out splits measured before and after GRPO (`job.heldout_tasks`)."""
+    """The held-out splits measured before and after GRPO (`heldout.heldout_tasks`)."""

@@ -15,6 +15,7 @@ from stages.evaluate import EpisodeOutcome, EvalReport, summarize
 
 from . import build
 from .grpo import GrpoOutcome
+from .heldout import mean_success
 from .loop_watch import blockers
 
 
@@ -36,11 +37,6 @@ def group_kinds_table(by_family: Mapping[str, Mapping[str, int]]) -> str:
     for family, kinds in sorted(by_family.items()):
         lines.append(f"| {family} | {kinds['all_fail']} | {kinds['mixed']} | {kinds['all_succeed']} |")
     return "\n".join(lines)
-
-
-def mean_success(reports: dict[str, EvalReport]) -> float | None:
-    episodes = [e for r in reports.values() for e in r.episodes]
-    return sum(e.won for e in episodes) / len(episodes) if episodes else None
 
 
 def reports_to_json(reports: dict[str, EvalReport]) -> dict[str, list[list[Any]]]:

@@ -12,7 +12,7 @@ import pytest
 from pipeline.config import ConfigError, load_config
 from pipeline.run import build
 from pipeline.run.checks import final_range_problems
-from pipeline.run.job import heldout_tasks
+from pipeline.run.heldout import heldout_tasks
 from pipeline.task_ranges import DEFAULT_SIZES, FINAL, range_bounds, task_range
 from pipeline.verdict import load_verdict
 

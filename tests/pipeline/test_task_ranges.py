@@ -9,7 +9,7 @@ from structlog.testing import capture_logs
 from pipeline.config import ConfigError, PolicySection, PretrainSection, load_config
 from pipeline.contracts import Task
 from pipeline.run import build
-from pipeline.run.job import curve_tasks, heldout_tasks
+from pipeline.run.heldout import curve_tasks, heldout_tasks
 from pipeline.task_ranges import DEFAULT_SIZES, FINAL, RANGES, heldout_ranges, range_bounds, task_range
 from stages.envs.household.suite import HouseholdSuite
 from stages.policy.torch_tiny import torch_tiny_backend

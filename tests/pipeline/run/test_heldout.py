@@ -2,7 +2,10 @@
 
 import trio
 
+import pipeline.run.heldout as heldout
+from pipeline.config import RunConfig
 from pipeline.run.heldout import PeriodicHeldout
+from stages.evaluate import EvalReport
 
 
 class _Metrics:
@@ -61,3 +64,44 @@ async def test_a_row_is_stamped_when_its_weights_were_published_not_when_its_mea
     assert "generated_tokens" not in rows[2]  # a backend that does not count tokens: no key, not a guess
     assert trio.current_time() - start == 24.0  # both measures finished long after version 4 was published
     assert rows[2]["heldout_range"] == rows[4]["heldout_range"] == "valid"
+
+
+class _Policy:
+    def __init__(self) -> None:
+        self.versions: list[int] = []
+
+    def load_weights(self, version, state) -> None:
+        self.versions.append(version)
+
+
+async def test_overlapping_periodic_evaluations_take_turns_on_the_one_evaluation_policy(monkeypatch, autojump_clock):
+    # With a small eval.every an evaluation can still run when the next update asks for one; both used to
+    # start the same policy server ("serve() is already running") and the run failed.
+    built: list[_Policy] = []
+    running = []
+
+    def build_policy(cfg, suite, **options):
+        built.append(_Policy())
+        return built[-1]
+
+    async def evaluate_heldout(policy, suite, splits, greedy):
+        assert not running, "two evaluations on one policy at once"
+        running.append(policy.versions[-1])
+        await trio.sleep(5.0)
+        running.pop()
+        return {"heldout_seen": EvalReport(success=policy.versions[-1] / 10, per_family={}, mean_steps=1.0, episodes=())}
+
+    monkeypatch.setattr(heldout.build, "policy", build_policy)
+    monkeypatch.setattr(heldout, "evaluate_heldout", evaluate_heldout)
+    evaluate = heldout.periodic_evaluator(RunConfig(), suite=None, splits={"heldout_seen": []}, built=[])
+    scores = {}
+
+    async def one(version):
+        scores[version] = await evaluate(version, {})
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(one, 1)
+        nursery.start_soon(one, 2)
+    assert len(built) == 1 and sorted(built[0].versions) == [1, 2]  # Trio starts the two in either order
+    assert scores == {1: {"seen": 0.1}, 2: {"seen": 0.2}}
+    assert trio.current_time() == 10.0  # one after the other

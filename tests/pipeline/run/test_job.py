@@ -6,7 +6,6 @@ import trio
 import pipeline.run.job as job
 from pipeline.config import ConfigError, RunConfig, load_config
 from pipeline.run import checks
-from stages.evaluate import EvalReport
 
 
 class _Policy:
@@ -15,39 +14,6 @@ class _Policy:
 
     def load_weights(self, version, state) -> None:
         self.versions.append(version)
-
-
-async def test_overlapping_periodic_evaluations_take_turns_on_the_one_evaluation_policy(monkeypatch, autojump_clock):
-    # With a small eval.every an evaluation can still run when the next update asks for one; both used to
-    # start the same policy server ("serve() is already running") and the run failed.
-    built: list[_Policy] = []
-    running = []
-
-    def build_policy(cfg, suite, **options):
-        built.append(_Policy())
-        return built[-1]
-
-    async def evaluate_heldout(policy, suite, splits, greedy):
-        assert not running, "two evaluations on one policy at once"
-        running.append(policy.versions[-1])
-        await trio.sleep(5.0)
-        running.pop()
-        return {"heldout_seen": EvalReport(success=policy.versions[-1] / 10, per_family={}, mean_steps=1.0, episodes=())}
-
-    monkeypatch.setattr(job.build, "policy", build_policy)
-    monkeypatch.setattr(job, "evaluate_heldout", evaluate_heldout)
-    evaluate = job._periodic_evaluator(RunConfig(), suite=None, splits={"heldout_seen": []}, built=[])
-    scores = {}
-
-    async def one(version):
-        scores[version] = await evaluate(version, {})
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(one, 1)
-        nursery.start_soon(one, 2)
-    assert len(built) == 1 and sorted(built[0].versions) == [1, 2]  # Trio starts the two in either order
-    assert scores == {1: {"seen": 0.1}, 2: {"seen": 0.2}}
-    assert trio.current_time() == 10.0  # one after the other
 
 
 def test_an_unknown_lr_schedule_is_listed_with_the_other_bad_names():
