@@ -22,7 +22,9 @@ thread an update ran on keeps its malloc arena at the update's high-water mark) 
 the heap alive when GRPO starts frozen, `pipeline/memory.py:frozen_heap`; a 0.5 ms switch interval,
 `pipeline/run/runtime.py:gil_switch_interval`; every update ending with `malloc_trim`). Add arms to tell the
 three apart or to compare other settings, e.g. `--arm no-switch=run.gil_switch_ms=0`,
-`--arm no-trim=learner.trim_memory=false`, `--arm micro16=learner.micro_batch=16`, `--arm flat=run.flat_memory=true`.
+`--arm no-trim=learner.trim_memory=false`, `--arm micro16=learner.micro_batch=16`, `--arm flat=run.flat_memory=true`,
+`--arm nice5=policy.worker_nice=5` (decoders below the coordinator's loop), `--arm procs='transport.mode="processes"'`
+(the learner's thread out of the loop's process).
 
 `--only after` keeps only the named arms (defaults or added); `--one-at-a-time` runs the arms one after another,
 each with the machine to itself: the absolute lag of a run alone (the goal's figure on 2 cores), where side by side

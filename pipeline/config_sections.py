@@ -117,6 +117,11 @@ class PolicySection(_Section):
     cores, half of more, at most 8) unless the backend fixes it (vllm: 1, one engine batches the run), or on Ray
     from what the cluster holds. On 2 cores 2 workers made 186 env-steps/s
     against 111 with 1 (the default run's GRPO phase 177 s against 314 s; docs/architecture.md)."""
+    worker_nice: int = 0
+    """Niceness each local decoding worker process adds to itself as it starts (0-19; 0 = as the run): with the
+    workers below the run's own process, the coordinator's loop (and the learner's thread) take a core from them
+    as they wake instead of queueing behind two CPU-bound decoders (issue 60, item 13; bench/bench_loop.py
+    measures it). Ray actors are left as their cluster runs them."""
     max_wait_ms: float = 2.0
     """How long the batcher waits for more requests after the first one arrives."""
     empty_output_action: str = ""
@@ -137,6 +142,7 @@ class PolicySection(_Section):
             (self.max_batch >= 1, "policy.max_batch must be >= 1"),
             (self.workers == "auto" or self.workers >= 1, "policy.workers must be >= 1 or \"auto\""),
             (self.max_wait_ms >= 0, "policy.max_wait_ms must be >= 0"),
+            (0 <= self.worker_nice <= 19, f"policy.worker_nice must be in 0..19, got {self.worker_nice}"),
         )
 
 

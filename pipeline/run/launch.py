@@ -265,6 +265,12 @@ async def _serve(spec: ChildSpec) -> None:
         nursery.cancel_scope.cancel()
 
 
+def lower_priority(spec: ChildSpec) -> None:
+    """A decoding worker adds `policy.worker_nice` to its niceness (the rest run as the run does)."""
+    if spec.role == "decoder" and spec.config.policy.worker_nice:
+        os.nice(spec.config.policy.worker_nice)
+
+
 def main() -> None:
     """`python -m pipeline.run.launch ROLE SPEC_FILE`: started by `launch`, not by hand."""
     from pipeline.rundir import configure_logging
@@ -273,6 +279,7 @@ def main() -> None:
     path = Path(sys.argv[2])
     spec = msgspec.msgpack.decode(path.read_bytes(), type=ChildSpec)  # typed decoding: nothing here runs code
     path.unlink()  # it holds the run's secret
+    lower_priority(spec)
     sys.path[:] = [*spec.sys_path, *(p for p in sys.path if p not in spec.sys_path)]
     configure_logging(None)
     trio.run(_serve, spec)

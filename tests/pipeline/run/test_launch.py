@@ -39,6 +39,22 @@ def test_a_spec_file_is_decoded_as_its_type_not_run(tmp_path):
         launch.write_private(path, b"")
 
 
+@pytest.mark.parametrize(("role", "nice", "added"), [("decoder", 5, [5]), ("decoder", 0, []), ("learner", 5, [])])
+def test_a_decoding_worker_lowers_its_own_priority_by_worker_nice(monkeypatch, role, nice, added):
+    cfg = load_config(None, [f"policy.worker_nice={nice}"])
+    calls: list[int] = []
+    monkeypatch.setattr(launch.os, "nice", calls.append)
+    launch.lower_priority(launch.ChildSpec(role=role, config=cfg, addresses=cfg.transport, parent=os.getpid(), sys_path=[]))
+    assert calls == added
+
+
+def test_worker_nice_out_of_range_is_a_config_problem():
+    from pipeline.config import ConfigError
+
+    with pytest.raises(ConfigError, match="policy.worker_nice must be in 0..19, got 20"):
+        load_config(None, ["policy.worker_nice=20"])
+
+
 def test_every_role_names_a_serve_function_of_the_run():
     import importlib
 
