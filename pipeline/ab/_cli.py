@@ -204,8 +204,16 @@ def _print_plan(study: Study, budget: Preset | None, todo: list[Any]) -> None:
         print(f"[{i}/{len(study.runs)}] {run.name}: {'to run' if run in todo else 'finished'}")
 
 
+def time_left(took: Sequence[float], left: int) -> str:
+    """The study's remaining time at the pace of the runs this invocation ran (`took`, seconds each)."""
+    if not left:
+        return "no run left"
+    minutes = round(left * sum(took) / len(took) / 60)
+    return f"{left} run(s) left, about {minutes // 60} h {minutes % 60:02d} min at this pace (a redone or loaded run adds one)"
+
+
 def _run_study(study: Study, todo: list[Any], command: Sequence[str], redo_loaded: int = 0, *, curve_off_clock: bool = False) -> int:
-    failed = []
+    failed, took = [], []
     print(f"A/B study: {len(study.arms)} arms x {len(study.seeds)} seeds, {len(todo)} to run, folder {study.ab_dir}", flush=True)
     try:
         for i, run in enumerate(study.runs, 1):
@@ -231,6 +239,8 @@ def _run_study(study: Study, todo: list[Any], command: Sequence[str], redo_loade
                       f"stop {summary.get('stop_reason')}, held-out {summary.get('heldout_success_before')} -> "
                       f"{summary.get('heldout_success_after')}" + (" (machine loaded)" if summary.get("machine_loaded") else ""),
                       flush=True)
+                took.append(outcome.seconds)
+                print("    " + time_left(took, sum(1 for later in study.runs[i:] if later in todo)), flush=True)
                 if not to_redo(folder, redo_loaded):
                     break
             if curve_off_clock and run.name not in failed and not measure_curve(run, study.ab_dir, command):

@@ -139,6 +139,17 @@ def test_the_plots_are_drawn_once_when_the_study_ends_not_after_every_run(study,
     assert run() == 0 and len(drawn) == 2  # a resumed study with nothing left to run still ends with its report
 
 
+def test_each_run_ends_with_the_time_left_at_this_pace(study, capsys):
+    from pipeline.ab._cli import time_left
+
+    assert time_left([600.0, 900.0], 4) == "4 run(s) left, about 0 h 50 min at this pace (a redone or loaded run adds one)"
+    assert time_left([3000.0], 2).startswith("2 run(s) left, about 1 h 40 min") and time_left([1.0], 0) == "no run left"
+    run, ran, ab_dir = study
+    assert run() == 0
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines() if " left" in line and line.startswith("    ")]
+    assert [line.split(",")[0] for line in lines] == [f"{n} run(s) left" for n in range(5, 0, -1)] + ["no run left"]
+
+
 def test_an_unfinished_run_is_set_aside_and_rerun_alone(study):
     run, ran, ab_dir = study
     assert run() == 0
