@@ -17,9 +17,11 @@ floor; the report marks a difference that does not exceed it "not resolved" (pip
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -212,7 +214,26 @@ def time_left(took: Sequence[float], left: int) -> str:
     return f"{left} run(s) left, about {minutes // 60} h {minutes % 60:02d} min at this pace (a redone or loaded run adds one)"
 
 
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM stops the study as Ctrl-C does: the run under way is stopped too (it would otherwise go on as an
+    orphan, and a study started in the background, where SIGINT is ignored, had no clean way to stop)."""
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _run_study(study: Study, todo: list[Any], command: Sequence[str], redo_loaded: int = 0, *, curve_off_clock: bool = False) -> int:
+    with _sigterm_as_ctrl_c():
+        return _run_study_runs(study, todo, command, redo_loaded, curve_off_clock=curve_off_clock)
+
+
+def _run_study_runs(study: Study, todo: list[Any], command: Sequence[str], redo_loaded: int, *, curve_off_clock: bool) -> int:
     failed, took = [], []
     print(f"A/B study: {len(study.arms)} arms x {len(study.seeds)} seeds, {len(todo)} to run, folder {study.ab_dir}", flush=True)
     try:

@@ -150,6 +150,39 @@ def test_each_run_ends_with_the_time_left_at_this_pace(study, capsys):
     assert [line.split(",")[0] for line in lines] == [f"{n} run(s) left" for n in range(5, 0, -1)] + ["no run left"]
 
 
+STOPPABLE_RUN = textwrap.dedent('''
+    import os, signal, sys
+    from pathlib import Path
+
+    def stopped(*_):
+        Path(os.environ["AB_STOPPED"]).write_text("SIGINT")
+        sys.exit(130)
+
+    signal.signal(signal.SIGINT, stopped)
+    os.kill(os.getppid(), signal.SIGTERM)  # the harness is stopped as this run begins
+    signal.pause()
+''')
+
+
+def test_sigterm_stops_the_study_and_the_run_under_way(study, tmp_path, monkeypatch, capsys):
+    """SIGTERM to `run.py ab` (a study in the background, SIGINT ignored) once left the run under way going on as an
+    orphan: it stops as Ctrl-C stops it, the run told to stop (SIGINT), the report written, exit 130."""
+    import signal
+
+    from pipeline.ab._cli import main as ab_main
+
+    run, ran, ab_dir = study
+    fake = tmp_path / "stoppable_run.py"
+    fake.write_text(STOPPABLE_RUN)
+    monkeypatch.setenv("AB_STOPPED", str(tmp_path / "stopped"))
+    before = signal.getsignal(signal.SIGTERM)
+    argv = ["--arms", "plain,gated", "--seeds", "0", "--budget", "small", "--out", str(tmp_path / "runs")]
+    assert ab_main(argv, load=_load, command=[sys.executable, str(fake)], configs=tmp_path / "configs") == 130
+    assert (tmp_path / "stopped").read_text() == "SIGINT"
+    assert "interrupted; finished runs are kept" in capsys.readouterr().err
+    assert (ab_dir / "report.md").exists() and signal.getsignal(signal.SIGTERM) == before
+
+
 def test_an_unfinished_run_is_set_aside_and_rerun_alone(study):
     run, ran, ab_dir = study
     assert run() == 0
