@@ -178,13 +178,14 @@ def plot_inputs(trace: Mapping[str, Any]) -> dict[str, Any]:
             target.setdefault(stage_of[event["tid"]], []).append((t, t + event.get("dur", 0.0) / 1e6))
         elif event.get("ph") == "C":
             name, args = event["name"], event.get("args", {})
-            gpu, _, what = name.partition("/")
+            track, _, what = name.partition("/")
+            gpu = int(track[3:]) if track.startswith("gpu") and track[3:].isdigit() else None
             if name == "cpu/process" and "% of one core" in args:
                 cpu.append((t, args["% of one core"] / 100.0))
-            elif gpu.startswith("gpu") and gpu[3:].isdigit() and what == "util" and "%" in args:
-                gpu_util.setdefault(int(gpu[3:]), []).append((t, args["%"] / 100.0))
-            elif gpu.startswith("gpu") and gpu[3:].isdigit() and what == "memory" and "MiB" in args:
-                gpu_mem.setdefault(int(gpu[3:]), []).append((t, args["MiB"]))
+            elif gpu is not None and what == "util" and "%" in args:
+                gpu_util.setdefault(gpu, []).append((t, args["%"] / 100.0))
+            elif gpu is not None and what == "memory" and "MiB" in args:
+                gpu_mem.setdefault(gpu, []).append((t, args["MiB"]))
             elif "value" in args:
                 gauges.append((name, t, args["value"]))
     tracks = [GpuTrack(index=i, name=f"gpu{i}", total_mib=0.0, util=_intervals(gpu_util.get(i, [])), mem_mib=gpu_mem.get(i, []))
