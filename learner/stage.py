@@ -13,8 +13,9 @@ Announcements: the runtime announces each training group it sends. In-process it
 before sending; across processes (`announced_on_socket=True`) a `GroupExpected` frame precedes the group on
 the same socket, so ordering holds without a second channel.
 
-Cancellation: `trio.to_thread.run_sync` does not abandon the thread, so a shutdown waits for the current
-update (a few seconds at most on the default model) and loses no weights half-written.
+Updates run on one thread of the stage's own (`pipeline.own_thread.OwnThread`), `learner.thread_nice` below
+the event loop's priority. Cancellation: the stage waits for the update in progress (a few seconds at most on
+the default model), so a shutdown loses no weights half-written.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pipeline.counters import ZERO_VARIANCE_TRAINED, GroupsConsumed, LearnerRepo
 from pipeline.devices import new_stream, side_stream
 from pipeline.messages import GroupExpected, GroupResult, LearnerInbox
 from pipeline.outcomes import drop_reason, is_zero_variance, label_rewards
+from pipeline.own_thread import OwnThread
 from pipeline.stage import StageContext
 
 from .trainer import Trainer
@@ -63,7 +65,7 @@ class LearnerStage:
         self.version = version
         self.capture_state = capture_state
         self.announced_on_socket = announced_on_socket
-        self._limiter = trio.CapacityLimiter(1)
+        self._thread = OwnThread("rollcut-learner", nice=cfg.thread_nice)
         self._stream: Any = None  # the learner's CUDA stream, made on its first update on CUDA
         self._expected: set[int] = set()
         """Training groups announced and not delivered yet (bounded by the staleness bound)."""
@@ -77,10 +79,13 @@ class LearnerStage:
             "pull", ctx.addresses.results, bind=True, receives=LearnerInbox, hwm=ctx.addresses.hwm, name="results"
         )
         send, receive = trio.open_memory_channel[GroupResult](4 * self.cfg.batch_groups)
-        async with results, trio.open_nursery() as nursery:
-            nursery.start_soon(self._receive, results, send)
-            task_status.started(results.address)  # where the groups are sent (the real port of a tcp :0)
-            await self._train(receive, ctx)
+        try:
+            async with results, trio.open_nursery() as nursery:
+                nursery.start_soon(self._receive, results, send)
+                task_status.started(results.address)  # where the groups are sent (the real port of a tcp :0)
+                await self._train(receive, ctx)
+        finally:
+            self._thread.close()  # idle here: every update it ran has returned
 
     async def _receive(self, results: Any, send: trio.MemorySendChannel[GroupResult]) -> None:
         async with send:
@@ -118,9 +123,7 @@ class LearnerStage:
                     continue
                 started = trio.current_time()
                 with ctx.profiler.span("learner", "train_step"):
-                    weights, stats, state = await trio.to_thread.run_sync(
-                        self._update, batch, self.version, ctx.profiler, limiter=self._limiter
-                    )
+                    weights, stats, state = await self._thread.run(self._update, batch, self.version, ctx.profiler)
                 self.version += 1
                 await self.reports.send(LearnerReport(
                     version=self.version, stats=stats, train_seconds=trio.current_time() - started, weights=weights,

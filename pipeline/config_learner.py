@@ -76,6 +76,11 @@ class LearnerSection(_Section):
     gradient scales with 1 - p: skipping them keeps every mini-batch and its aggregation weights as they
     were and saves their compute. Loss terms of the KL penalty (`kl_coef`) on those turns go too."""
     torch_threads: int = 1
+    thread_nice: int = 0
+    """Niceness the learner's update thread adds to itself (0-19, Linux; 0 = as the run): with it and the
+    decoding workers (`policy.worker_nice`) below the event loop's thread, the loop takes a core as it wakes
+    instead of waiting out an update's time slice on a machine with fewer cores than busy threads (issue 60,
+    item 13; `bench/bench_loop.py`). torch's intra-op threads (`torch_threads` > 1) keep the run's priority."""
     trim_memory: bool = True
     """After each update, give the free pages of every glibc malloc arena back to the OS (`malloc_trim`,
     `pipeline/memory.py:trim`, in the learner's thread). An update's activations are hundreds of MB; each of
@@ -103,6 +108,7 @@ class LearnerSection(_Section):
             (self.micro_batch >= 1, "learner.micro_batch must be >= 1"),
             (self.max_items >= 0, "learner.max_items must be >= 0"),
             (self.torch_threads >= 1, "learner.torch_threads must be >= 1"),
+            (0 <= self.thread_nice <= 19, f"learner.thread_nice must be in 0..19, got {self.thread_nice}"),
             (self.epochs >= 1, "learner.epochs must be >= 1"),
             (self.minibatch_items >= 0, "learner.minibatch_items must be >= 0"),
             (self.norm_tokens > 0, "learner.norm_tokens must be > 0"),
