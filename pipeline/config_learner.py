@@ -83,10 +83,10 @@ class LearnerSection(_Section):
     item 13; `bench/bench_loop.py`). torch's intra-op threads (`torch_threads` > 1) keep the run's priority."""
     trim_memory: bool = True
     """After each update, give the free pages of every glibc malloc arena back to the OS (`malloc_trim`,
-    `pipeline/memory.py:trim`, in the learner's thread). An update's activations are hundreds of MB; each of
-    the worker threads an update may land on keeps its own arena at its high-water mark, so without it the
-    run's RSS climbs by about that much per thread (issue 60, item 13: peak RSS 2.7-3.6 GB for a tiny
-    policy). The cost: the next update faults its pages in again, once per update. false = glibc's default
+    `pipeline/memory.py:trim`, in the learner's thread). An update's activations are hundreds of MB and
+    every arena keeps its high-water mark: when updates landed on any of Trio's worker threads, each with an
+    arena of its own, the run's RSS climbed by about that much per thread (issue 60, item 13: peak RSS
+    2.7-3.6 GB for a tiny policy); they now run on one thread (`pipeline/own_thread.py`), which trims too. The cost: the next update faults its pages in again, once per update. false = glibc's default
     (`bench/bench_loop.py` compares them side by side)."""
     device: str = "auto"
     """Where the learner trains (`pipeline/devices.py`): auto (CUDA when torch sees it, else the CPU), cpu,
