@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "--set", f"run.name={name!r}".replace("'", '"'), "--out", out],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
-        results, blocked = {}, {}
+        results, blocked, phases = {}, {}, {}
         children = {} if args.one_at_a_time else {name: start(name, extra) for name, extra in arms.items()}
         for name, extra in arms.items():
             child = children.get(name) or start(name, extra)
@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             summary = json.loads((Path(out) / name / "summary.json").read_text())
             results[name], blocked[name] = figures(summary), summary.get("loop_blockers", [])
+            phases[name] = summary.get("peak_rss_mb_by_phase", {})
     how = "one at a time" if args.one_at_a_time else "arms at the same time"
     print(f"{args.updates} updates, seed {args.seed}, {Path(args.config).name}; {how}; ratios to {next(iter(arms))}")
     for line in table(results):
@@ -133,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, rows in blocked.items():
         print(f"{name}: what held the loop (pipeline/run/loop_watch.py; count, total ms, longest ms): "
               + ("; ".join(f"{r['name']} {r['count']} {r['total_ms']:.0f} {r['longest_ms']:.1f}" for r in rows[:5]) or "nothing"))
+    for name, peaks in phases.items():
+        print(f"{name}: peak RSS so far at the end of each phase (MB): " + (", ".join(f"{p} {mb:.0f}" for p, mb in peaks.items()) or "n/a"))
     return 0
 
 

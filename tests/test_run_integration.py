@@ -95,6 +95,10 @@ async def test_pipeline_cuts_backfills_and_trains_on_a_tiny_budget(tmp_path):
     tracks = {e["tid"]: e["args"]["name"] for e in trace if e["name"] == "thread_name"}
     spans = [e["name"] for e in trace if e["ph"] == "X" and tracks[e["tid"]].split(" #")[0] == "loop"]
     assert all(spans.count(name) == count for name, count in blocked.items()), (blocked, len(spans))
+    # where memory peaked: the peak so far as each phase ended, rising, the last one the run's peak
+    peaks = written["peak_rss_mb_by_phase"]
+    assert list(peaks) == ["build", "before", "grpo", "after"]
+    assert list(peaks.values()) == sorted(peaks.values()) and 0 < peaks["after"] <= written["peak_rss_mb"] + 0.1
 
     # The job closed its events.jsonl: events logged after it must not go to the closed file.
     events_size = (run_dir / "events.jsonl").stat().st_size

@@ -23,7 +23,7 @@ from learner.trainer import Trainer, published_weights
 from pipeline.config import RunConfig, dump_toml
 from pipeline.ledger import ledger_table
 from pipeline.machine_load import watching
-from pipeline.memory import frozen_heap, trim, tune_malloc
+from pipeline.memory import frozen_heap, peak_rss_mb, trim, tune_malloc
 from pipeline.profiling import Profiler
 from pipeline.progress import Progress
 from pipeline.provenance import invocations, record_invocation
@@ -150,6 +150,7 @@ async def _run_phases(
     suite = build.suite(cfg)
     splits = heldout_tasks(cfg, suite)
     policy, warm_start_s = await _unless_stopped(stop, run_dir, _build_policy, cfg, suite, checkpoint, built)
+    _mark_peak(job, "build")
     if "heldout_before" in job and job.get("heldout_range", "dev") == cfg.eval.range:
         before = reports_from_json(job["heldout_before"])
     else:  # a new run, or a resume told to measure another range: the before measure of this one
@@ -157,6 +158,7 @@ async def _run_phases(
                                                checkpoint is None)
         job |= {"heldout_before": reports_to_json(before), "heldout_range": cfg.eval.range, "heldout_before_reused": reused,
                 "warm_start_s": job.get("warm_start_s", warm_start_s), "job_wall_s": job.get("job_wall_s", 0.0)}
+        _mark_peak(job, "before")
     progress.message(f"held-out success before GRPO ({cfg.eval.range}): " + fmt_eval(before))
     curve = curve_tasks(cfg, suite)
     parts = _run_parts(cfg, run_dir, suite, policy, splits, checkpoint, job, progress, trackers,
@@ -174,6 +176,7 @@ async def _run_phases(
             with frozen_heap(cfg.run.gc_freeze) as frozen, gil_switch_interval(cfg.run.gil_switch_ms):  # issue 60, item 13
                 log.info("grpo.gc_frozen", objects=frozen)
                 outcome = await run_grpo(parts, stop=stop)
+        _mark_peak(checkpointer.job, "grpo")
     except Exception as exc:
         raise RunFailed(failure_message(exc, run_dir, save_on_failure(checkpointer))) from exc
     finally:
@@ -223,6 +226,13 @@ def _run_parts(
     )
 
 
+def _mark_peak(job: dict[str, Any], phase: str) -> None:
+    """The process's peak RSS so far as `phase` ends (build, before, grpo, after; summary `peak_rss_mb_by_phase`):
+    the first phase whose figure reaches the run's `peak_rss_mb` is where it peaked. A resumed process marks the
+    phases it runs again."""
+    job.setdefault("peak_rss_mb_by_phase", {})[phase] = round(peak_rss_mb(), 1)
+
+
 def _checkpointer(parts: RunParts) -> resume.Checkpointer:
     """The job's checkpointer (a job always has one; `run_grpo` alone may run without)."""
     assert parts.checkpointer is not None, "the job builds its parts with a checkpointer"
@@ -245,13 +255,15 @@ async def _finish(parts: RunParts, outcome: GrpoOutcome, measured: _Measured, st
         if parts.progress is not None:
             parts.progress.message(f"held-out success after GRPO ({cfg.eval.range}):  " + fmt_eval(after))
         _save_checkpoints(run_dir, parts.trainer, parts.allocator)
+        _mark_peak(checkpointer.job, "after")
     wall_s = checkpointer.job["job_wall_s"] + outcome.wall_s + (time.perf_counter() - grpo_ended)
     figures = summary(cfg, outcome, before, after, measured.warm_start_s, wall_s,
                       profiler_overhead_pct=overhead["overhead_pct"] if overhead else None,
                       generated_tokens=measured.generated_tokens,
                       machine_load=measured.machine_load) | {"decoding_workers": parts.policy.statistics().workers or 1,
                                                              "heldout_before_reused": checkpointer.job.get("heldout_before_reused", False),
-                                                             "run_commits": invocations(run_dir)}
+                                                             "run_commits": invocations(run_dir),
+                                                             "peak_rss_mb_by_phase": dict(checkpointer.job.get("peak_rss_mb_by_phase", {}))}
     if outcome.counters.evaluations:
         write_learning_curve(
             run_dir / "learning_curve.png",
