@@ -46,6 +46,10 @@ base every later phase starts from: the job trims after the warm start (`job._bu
 of 6 steps in a thread that gave back 140 of the 233 MB it had grown. The decoding workers are processes of their
 own (~310 MB each, up to 750 MB during GRPO) and `peak_rss_mb` (RUSAGE_SELF) does not count them; RUSAGE_CHILDREN
 would give only the largest child already waited for, not their sum.
+
+So the default run passes 16 turns at a time, not 64 (configs/default.toml, `learner.micro_batch`; the gradient is
+the same): a plain `python run.py`'s peak went from 1,442 to 1,076 MB (seed 0, one run each, 2026-11-29; the
+summary's `peak_rss_mb_by_phase` puts both peaks in the GRPO phase, 278-301 MB before it).
 """
 
 from __future__ import annotations

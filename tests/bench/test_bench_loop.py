@@ -23,7 +23,18 @@ def test_an_arm_is_a_name_and_its_settings() -> None:
     assert bench.parse_arm("plain=") == ("plain", [])
     with pytest.raises(argparse.ArgumentTypeError):
         bench.parse_arm("=run.gc_freeze=false")
-    assert bench.DEFAULT_ARMS == {"before": ["run.gc_freeze=false", "run.gil_switch_ms=0", "learner.trim_memory=false"], "after": []}
+
+
+def test_the_before_arm_undoes_what_the_default_run_sets_for_the_loop_and_the_after_arm_is_the_default() -> None:
+    from pipeline.config import load_config
+
+    bench, default = _bench(), Path(__file__).resolve().parents[2] / "configs" / "default.toml"
+    before, after = (load_config(str(default), bench.DEFAULT_ARMS[arm]) for arm in ("before", "after"))
+    assert (before.run.gc_freeze, before.run.gil_switch_ms, before.learner.trim_memory) == (False, 0, False)
+    assert before.policy.worker_nice == before.learner.thread_nice == 0 and before.learner.micro_batch == 64
+    assert after.run.gc_freeze and after.run.gil_switch_ms > 0 and after.learner.trim_memory
+    assert after.policy.worker_nice == after.learner.thread_nice == 19  # configs/default.toml: below the loop
+    assert after.learner.micro_batch == 16
 
 
 def test_the_table_gives_each_figure_and_its_ratio_to_the_first_arm() -> None:
