@@ -9,6 +9,8 @@ loop's thread, left at the run's priority, takes a core as it wakes instead of q
 The wait is shielded, as `trio.to_thread.run_sync` without `abandon_on_cancel`: a cancelled caller still
 waits for the call it started (an update is never left half-done) and gets its result; its `Cancelled` comes
 at its next checkpoint.
+
+`wait_trio` awaits any `concurrent.futures.Future` from Trio (this thread's, or the vLLM backend's asyncio loop's).
 """
 
 from __future__ import annotations
@@ -45,6 +47,30 @@ def lower_thread_priority(nice: int) -> int | None:
         return None
 
 
+async def wait_trio(future: concurrent.futures.Future[T], *, on_cancel: Callable[[], None] | None = None) -> T:
+    """Await a concurrent future from Trio, woken through the run's TrioToken (no polling, no blocked Trio thread).
+    Cancelling the Trio caller cancels the future; `on_cancel` runs first when the caller is cancelled while the
+    future is still pending."""
+    token = trio.lowlevel.current_trio_token()
+    done = trio.Event()
+
+    def wake(_: concurrent.futures.Future[T]) -> None:
+        try:
+            token.run_sync_soon(done.set)
+        except trio.RunFinishedError:
+            pass  # the Trio run is gone; nobody waits any more
+
+    future.add_done_callback(wake)
+    try:
+        await done.wait()
+    finally:
+        if not future.done():
+            if on_cancel is not None:
+                on_cancel()
+            future.cancel()
+    return future.result()
+
+
 class OwnThread:
     """A single worker thread made on first use; `close()` joins it."""
 
@@ -62,19 +88,9 @@ class OwnThread:
         """`fn(*args)` on the thread; the calling task sleeps until it returns (or raises)."""
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=self.name, initializer=self._start)
-        token = trio.lowlevel.current_trio_token()
-        done = trio.Event()
         future = self._executor.submit(fn, *args)
-
-        def wake(_: concurrent.futures.Future[T]) -> None:
-            try:
-                token.run_sync_soon(done.set)
-            except trio.RunFinishedError:
-                pass  # the Trio run is gone; nobody waits any more
-
-        future.add_done_callback(wake)
         with trio.CancelScope(shield=True):  # the call runs to its end whatever happens to the caller
-            await done.wait()
+            await wait_trio(future)
         return future.result()
 
     def close(self) -> None:

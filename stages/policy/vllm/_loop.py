@@ -2,7 +2,8 @@
 
 vLLM's `AsyncLLM` is asyncio code and needs one long-lived loop (a new loop per call hangs it). The loop
 runs in a daemon thread for the policy's lifetime; Trio code submits coroutines with `submit` and waits
-with `wait_trio`, which wakes the Trio task through its TrioToken (no polling, no blocked Trio thread).
+with `wait_trio` (`pipeline.own_thread`), which wakes the Trio task through its TrioToken (no polling, no
+blocked Trio thread).
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-import trio
+from pipeline.own_thread import wait_trio
 
 T = TypeVar("T")
+__all__ = ["LoopThread", "wait_trio"]
 
 
 class LoopThread:
@@ -67,28 +69,3 @@ class LoopThread:
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(30)
-
-
-async def wait_trio(future: concurrent.futures.Future[T], *, on_cancel: Callable[[], None] | None = None) -> T:
-    """Await a concurrent future from Trio. Cancelling the Trio caller cancels the future (and its task).
-
-    `on_cancel` runs first when the caller is cancelled while the future is still pending.
-    """
-    token = trio.lowlevel.current_trio_token()
-    done = trio.Event()
-
-    def wake(_: concurrent.futures.Future[T]) -> None:
-        try:
-            token.run_sync_soon(done.set)
-        except trio.RunFinishedError:
-            pass  # the Trio run is gone; nobody waits any more
-
-    future.add_done_callback(wake)
-    try:
-        await done.wait()
-    finally:
-        if not future.done():
-            if on_cancel is not None:
-                on_cancel()
-            future.cancel()
-    return future.result()
