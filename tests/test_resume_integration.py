@@ -94,7 +94,8 @@ def test_ctrl_c_after_first_update_then_resume_reaches_the_configured_updates(tm
     assert [c["resumed"] for c in commits] == [False, True] and summary["run_commits"] == commits  # appended
     curve = [json.loads(line) for line in (run_dir / "heldout_curve.jsonl").read_text().splitlines()]
     # every version kept, before the stop and after the resume, measured once, stamped from its own metrics row
-    assert [(r["iteration"], r["wall_s"]) for r in curve] == [(r["iteration"], r["wall_s"]) for r in rows]
+    assert [(r["iteration"], r["wall_s"], r["generated_tokens"]) for r in curve] == [
+        (r["iteration"], r["wall_s"], r["generated_tokens"]) for r in rows]
 
 
 @pytest.mark.slow

@@ -51,7 +51,7 @@ def test_ab_tiny_writes_the_report(tmp_path):
             metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
             assert not any(k.startswith("heldout/") for row in metrics for k in row), (arm, seed)
             curve = [json.loads(line) for line in (folder / "heldout_curve.jsonl").read_text().splitlines()]
-            assert curve and all({"wall_s", "env_steps", "heldout/mean"} <= set(row) for row in curve), curve
+            assert curve and all({"wall_s", "env_steps", "generated_tokens", "heldout/mean"} <= set(row) for row in curve), curve
             assert [row["iteration"] for row in curve] == kept, (arm, seed)
             # the run skipped its profile.png (no matplotlib import per run); the study drew it at its end
             assert tomllib.loads((folder / "config.toml").read_text())["profile"]["plot"] is False

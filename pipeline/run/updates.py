@@ -191,6 +191,7 @@ def metrics_row(report: LearnerReport, phase: Phase) -> dict[str, Any]:
         "zero_variance_fraction": counters.merged_zero_variance / counters.merged_full_size if counters.merged_full_size else None,
         "slot_occupancy": phase.slots.occupancy(),
         "env_steps": rollout.env_steps,
+        "generated_tokens": phase.generated_tokens(),  # the off-clock curve's token stamp (heldout_curve.stamps)
         "env_steps_per_s": (rollout.env_steps - counters.window_steps_at) / window_s,
         "train_s": report.train_seconds,
         "loop_lag_p99_ms": counters.loop_lag_p99_ms(),
