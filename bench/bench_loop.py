@@ -20,8 +20,7 @@ full collection, holding the GIL; `run.gil_switch_ms=0`: Python's 5 ms GIL switc
 wait at every socket wait while the learner's thread runs Python code; `learner.trim_memory=false`: each
 thread an update ran on keeps its malloc arena at the update's high-water mark; `policy.worker_nice=0` and
 `learner.thread_nice=0`: the decoders and the learner's thread at the loop's priority; `learner.micro_batch=64`:
-an update's passes four times as large) and `after` (the
-defaults: the heap alive when GRPO starts frozen, `pipeline/memory.py:frozen_heap`; a 0.5 ms switch interval,
+an update's passes four times as large) and `after` (the defaults: the heap alive when GRPO starts frozen, `pipeline/memory.py:frozen_heap`; a 0.5 ms switch interval,
 `pipeline/run/runtime.py:gil_switch_interval`; every update ending with `malloc_trim`; configs/default.toml's
 decoders and learner thread at nice 19, below the loop, and 16 turns a pass). Add arms to tell the
 three apart or to compare other settings, e.g. `--arm no-switch=run.gil_switch_ms=0`,

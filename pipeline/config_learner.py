@@ -86,7 +86,8 @@ class LearnerSection(_Section):
     `pipeline/memory.py:trim`, in the learner's thread). An update's activations are hundreds of MB and
     every arena keeps its high-water mark: when updates landed on any of Trio's worker threads, each with an
     arena of its own, the run's RSS climbed by about that much per thread (issue 60, item 13: peak RSS
-    2.7-3.6 GB for a tiny policy); they now run on one thread (`pipeline/own_thread.py`), which trims too. The cost: the next update faults its pages in again, once per update. false = glibc's default
+    2.7-3.6 GB for a tiny policy); they now run on one thread (`pipeline/own_thread.py`), which trims too.
+    The cost: the next update faults its pages in again, once per update. false = glibc's default
     (`bench/bench_loop.py` compares them side by side)."""
     device: str = "auto"
     """Where the learner trains (`pipeline/devices.py`): auto (CUDA when torch sees it, else the CPU), cpu,

@@ -90,8 +90,8 @@ class OwnThread:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=self.name, initializer=self._start)
         future = self._executor.submit(fn, *args)
         with trio.CancelScope(shield=True):  # the call runs to its end whatever happens to the caller
-            await wait_trio(future)
-        return future.result()
+            result = await wait_trio(future)
+        return result
 
     def close(self) -> None:
         """Join the thread (after the call in progress, if any)."""
