@@ -99,6 +99,12 @@ async def test_pipeline_cuts_backfills_and_trains_on_a_tiny_budget(tmp_path):
     peaks = written["peak_rss_mb_by_phase"]
     assert list(peaks) == ["build", "before", "grpo", "after"]
     assert list(peaks.values()) == sorted(peaks.values()) and 0 < peaks["after"] <= written["peak_rss_mb"] + 0.1
+    # every held-out episode, before and after, and their paired change over the same tasks
+    episodes = json.loads((run_dir / "heldout_episodes.json").read_text())
+    assert set(episodes["before"]) == set(episodes["after"]) == set(cfg.eval.splits)
+    change = written["heldout_change"]
+    assert change["tasks"] == sum(len(rows) for rows in episodes["after"].values())
+    assert abs(change["change"] - (written["heldout_success_after"] - written["heldout_success_before"])) < 1e-9
 
     # The job closed its events.jsonl: events logged after it must not go to the closed file.
     events_size = (run_dir / "events.jsonl").stat().st_size

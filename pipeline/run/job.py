@@ -44,12 +44,15 @@ from .parts import RunParts
 from .runtime import gil_switch_interval
 from .summary import (
     family_table,
+    fmt_change,
     fmt_eval,
     group_kinds_table,
+    paired_change,
     predictor_table,
     reports_from_json,
     reports_to_json,
     summary,
+    write_episodes,
 )
 from .teardown import build_in_thread
 
@@ -253,7 +256,9 @@ async def _finish(parts: RunParts, outcome: GrpoOutcome, measured: _Measured, st
                                                          parts.heldout, cfg.eval.greedy, version=version)
     if not interrupted:
         if parts.progress is not None:
-            parts.progress.message(f"held-out success after GRPO ({cfg.eval.range}):  " + fmt_eval(after))
+            parts.progress.message(f"held-out success after GRPO ({cfg.eval.range}):  " + fmt_eval(after)
+                                   + f"; paired change {fmt_change(paired_change(before, after))}")
+        write_episodes(run_dir, cfg.eval.range, before, after)
         _save_checkpoints(run_dir, parts.trainer, parts.allocator)
         _mark_peak(checkpointer.job, "after")
     wall_s = checkpointer.job["job_wall_s"] + outcome.wall_s + (time.perf_counter() - grpo_ended)

@@ -6,9 +6,12 @@ evaluation reports and turns them into the flat record that `write_summary` and 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from pipeline.ab._stats import t_interval
 from pipeline.config import RunConfig
 from pipeline.memory import peak_rss_mb
 from stages.evaluate import EpisodeOutcome, EvalReport, summarize
@@ -43,8 +46,42 @@ def reports_to_json(reports: dict[str, EvalReport]) -> dict[str, list[list[Any]]
     return {split: [[e.task_id, e.family, e.won, e.steps] for e in r.episodes] for split, r in reports.items()}
 
 
+EPISODES_FILE = "heldout_episodes.json"
+
+
+def write_episodes(run_dir: Path, range_name: str, before: dict[str, EvalReport], after: dict[str, EvalReport]) -> None:
+    """heldout_episodes.json: every held-out episode before and after GRPO, `[task id, family, won, steps]` per
+    split (the per-task comparison behind `heldout_change`: which tasks the run learned, which it lost)."""
+    (run_dir / EPISODES_FILE).write_text(json.dumps(
+        {"range": range_name, "before": reports_to_json(before), "after": reports_to_json(after)}) + "\n")
+
+
 def reports_from_json(data: dict[str, list[list[Any]]]) -> dict[str, EvalReport]:
     return {split: summarize([EpisodeOutcome(*row) for row in rows]) for split, rows in data.items()}
+
+
+def paired_change(before: dict[str, EvalReport], after: dict[str, EvalReport]) -> dict[str, Any] | None:
+    """Held-out success after - before over the tasks measured both times (matched by split and task id), with
+    the Student-t 95 % interval of the per-task differences (each -1, 0 or +1): the same tasks before and after, so
+    the task-to-task spread cancels and the interval is narrower than two independent proportions'. None when no
+    task was measured both times."""
+    won_before = {(split, e.task_id): e.won for split, r in before.items() for e in r.episodes}
+    diffs = [int(e.won) - int(won_before[split, e.task_id]) for split, r in after.items() for e in r.episodes
+             if (split, e.task_id) in won_before]
+    if not diffs:
+        return None
+    change, low, high = t_interval(diffs)
+    return {"tasks": len(diffs), "change": change, "ci95": [low, high],
+            "gained": diffs.count(1), "lost": diffs.count(-1)}
+
+
+def fmt_change(change: Mapping[str, Any] | None) -> str:
+    if change is None:
+        return "no task measured both times"
+    low, high = change["ci95"]
+    interval = f" [{100 * low:+.1f}, {100 * high:+.1f}] (95 % t)" if low is not None else ""
+    return (f"{100 * change['change']:+.1f} points{interval} over {change['tasks']} tasks "
+            f"({change['gained']} won only after, {change['lost']} only before)")
 
 
 def summary(
@@ -61,6 +98,7 @@ def summary(
         "heldout_success_after": mean_success(after),
         "heldout_before": {s: r.success for s, r in before.items()},
         "heldout_after": {s: r.success for s, r in after.items()},
+        "heldout_change": paired_change(before, after),
         "heldout_range": cfg.eval.range,
         "heldout_tasks_per_split": cfg.eval.tasks,
         "heldout_curve_range": cfg.eval.curve_range if cfg.eval.every else None,

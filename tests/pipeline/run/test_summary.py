@@ -1,17 +1,22 @@
 """The job's summary helpers: the gate label shows the gate's resolved options (its own defaults
-included), held-out reports survive the checkpoint's JSON round trip."""
+included), held-out reports survive the checkpoint's JSON round trip, the paired before / after change matches
+tasks and its interval is Student's t of the per-task differences, the episodes file holds every episode."""
 
+import json
 from types import SimpleNamespace
 
 from gates import build_gate
 from pipeline.config import load_config
 from pipeline.run.summary import (
     family_table,
+    fmt_change,
     fmt_eval,
     gate_label,
     mean_success,
+    paired_change,
     reports_from_json,
     reports_to_json,
+    write_episodes,
 )
 from stages.evaluate import EpisodeOutcome, summarize
 
@@ -35,3 +40,37 @@ def test_reports_survive_the_json_round_trip():
     assert mean_success(back) == 0.5 and mean_success({}) is None
     assert fmt_eval(back) == "heldout_seen 50.0% (2 tasks)" and fmt_eval({}) == "skipped (eval.tasks = 0)"
     assert "| heldout_seen | f | 100.0% | 100.0% |" in family_table(back, back)
+
+
+def _reports(**splits):
+    return {split: summarize([EpisodeOutcome(f"t{i}", "f", bool(w), 5) for i, w in enumerate(won)])
+            for split, won in splits.items()}
+
+
+def test_the_paired_change_matches_tasks_by_split_and_id():
+    before = _reports(heldout_seen=[0, 0, 1, 0], heldout_unseen=[1, 0])
+    after = _reports(heldout_seen=[1, 0, 1, 1], heldout_unseen=[0, 0])
+    change = paired_change(before, after)
+    assert change["tasks"] == 6 and change["gained"] == 2 and change["lost"] == 1
+    assert change["change"] == 1 / 6
+    low, high = change["ci95"]
+    assert low < 1 / 6 < high  # differences +1, 0, 0, +1, -1, 0: sd 0.753, t(5) 2.571, half-width 0.790
+    assert abs((high - low) / 2 - 2.5706 * 0.7528 / 6**0.5) < 1e-3
+    assert fmt_change(change).startswith("+16.7 points [-62.3, +95.7] (95 % t) over 6 tasks (2 won only after, 1 only before)")
+
+
+def test_a_task_measured_once_is_left_out_of_the_paired_change():
+    before = _reports(heldout_seen=[0, 1])
+    after = _reports(heldout_seen=[1, 1, 1])  # t2 was not measured before
+    assert paired_change(before, after)["tasks"] == 2
+    assert paired_change(before, {}) is None and fmt_change(None) == "no task measured both times"
+    one = paired_change(_reports(heldout_seen=[0]), _reports(heldout_seen=[1]))
+    assert one["ci95"] == [None, None] and fmt_change(one) == "+100.0 points over 1 tasks (1 won only after, 0 only before)"
+
+
+def test_the_episodes_file_holds_every_episode_before_and_after(tmp_path):
+    before, after = _reports(heldout_seen=[0, 1]), _reports(heldout_seen=[1, 1])
+    write_episodes(tmp_path, "dev", before, after)
+    data = json.loads((tmp_path / "heldout_episodes.json").read_text())
+    assert data["range"] == "dev"
+    assert reports_from_json(data["before"]) == before and reports_from_json(data["after"]) == after
