@@ -99,6 +99,9 @@ async def test_pipeline_cuts_backfills_and_trains_on_a_tiny_budget(tmp_path):
     peaks = written["peak_rss_mb_by_phase"]
     assert list(peaks) == ["build", "before", "grpo", "after"]
     assert list(peaks.values()) == sorted(peaks.values()) and 0 < peaks["after"] <= written["peak_rss_mb"] + 0.1
+    counts = written["policy_statistics"]  # torch_tiny's: the common five and its batches, no other backend's
+    assert set(counts) == {"requests", "answered", "abandoned", "generated_tokens", "version", "batches"}
+    assert counts["version"] == summary["learner_updates"] and counts["answered"] <= counts["requests"]
     # every held-out episode, before and after, and their paired change over the same tasks
     episodes = json.loads((run_dir / "heldout_episodes.json").read_text())
     assert set(episodes["before"]) == set(episodes["after"]) == set(cfg.eval.splits)

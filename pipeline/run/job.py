@@ -48,6 +48,7 @@ from .summary import (
     fmt_eval,
     group_kinds_table,
     paired_change,
+    policy_figures,
     predictor_table,
     reports_from_json,
     reports_to_json,
@@ -262,10 +263,12 @@ async def _finish(parts: RunParts, outcome: GrpoOutcome, measured: _Measured, st
         _save_checkpoints(run_dir, parts.trainer, parts.allocator)
         _mark_peak(checkpointer.job, "after")
     wall_s = checkpointer.job["job_wall_s"] + outcome.wall_s + (time.perf_counter() - grpo_ended)
+    policy_stats = parts.policy.statistics()
     figures = summary(cfg, outcome, before, after, measured.warm_start_s, wall_s,
                       profiler_overhead_pct=overhead["overhead_pct"] if overhead else None,
                       generated_tokens=measured.generated_tokens,
-                      machine_load=measured.machine_load) | {"decoding_workers": parts.policy.statistics().workers or 1,
+                      machine_load=measured.machine_load) | {"decoding_workers": policy_stats.workers or 1,
+                                                             "policy_statistics": policy_figures(policy_stats),
                                                              "heldout_before_reused": checkpointer.job.get("heldout_before_reused", False),
                                                              "run_commits": invocations(run_dir),
                                                              "peak_rss_mb_by_phase": dict(checkpointer.job.get("peak_rss_mb_by_phase", {}))}

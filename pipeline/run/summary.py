@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from pipeline.ab._stats import t_interval
 from pipeline.config import RunConfig
 from pipeline.memory import peak_rss_mb
 from stages.evaluate import EpisodeOutcome, EvalReport, summarize
+from stages.policy.base import PolicyStatistics
 
 from . import build
 from .grpo import GrpoOutcome
@@ -44,6 +46,13 @@ def group_kinds_table(by_family: Mapping[str, Mapping[str, int]]) -> str:
 
 def reports_to_json(reports: dict[str, EvalReport]) -> dict[str, list[list[Any]]]:
     return {split: [[e.task_id, e.family, e.won, e.steps] for e in r.episodes] for split, r in reports.items()}
+
+
+def policy_figures(stats: PolicyStatistics) -> dict[str, Any]:
+    """The policy's counts over the whole run (warm start, held-out measures and GRPO: the backend counts from
+    its start), the figures its backend does not keep left out: e.g. the hf backend's rows, commands and prompt
+    tokens scored, vLLM's weight syncs."""
+    return {k: v for k, v in asdict(stats).items() if v is not None}
 
 
 EPISODES_FILE = "heldout_episodes.json"

@@ -14,6 +14,7 @@ from pipeline.run.summary import (
     gate_label,
     mean_success,
     paired_change,
+    policy_figures,
     reports_from_json,
     reports_to_json,
     write_episodes,
@@ -74,3 +75,15 @@ def test_the_episodes_file_holds_every_episode_before_and_after(tmp_path):
     data = json.loads((tmp_path / "heldout_episodes.json").read_text())
     assert data["range"] == "dev"
     assert reports_from_json(data["before"]) == before and reports_from_json(data["after"]) == after
+
+
+def test_the_policy_figures_keep_what_its_backend_counts():
+    from stages.policy.base import PolicyStatistics
+    from stages.policy.hf._server import HfStatistics
+
+    common = {"requests": 10, "answered": 9, "abandoned": 1, "generated_tokens": 40, "version": 2}
+    assert policy_figures(PolicyStatistics(**common)) == common
+    hf = policy_figures(HfStatistics(**common, batches=3, rows_scored=8, commands_scored=120, prompt_tokens=1500,
+                                     command_tokens=700))
+    assert hf == common | {"batches": 3, "rows_scored": 8, "commands_scored": 120, "prompt_tokens": 1500,
+                           "command_tokens": 700}
