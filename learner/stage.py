@@ -15,7 +15,8 @@ the same socket, so ordering holds without a second channel.
 
 Updates run on one thread of the stage's own (`pipeline.own_thread.OwnThread`), `learner.thread_nice` below
 the event loop's priority. Cancellation: the stage waits for the update in progress (a few seconds at most on
-the default model), so a shutdown loses no weights half-written.
+the default model), so a shutdown loses no weights half-written; and it starts no update past the run's last one
+(`last_version`), so the phase's normal end waits for none.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class LearnerStage:
 
     def __init__(
         self, trainer: Trainer, cfg: LearnerSection, *, reports: ReportSink, version: int = 0,
-        capture_state: bool = True, announced_on_socket: bool = False,
+        capture_state: bool = True, announced_on_socket: bool = False, last_version: int | None = None,
     ) -> None:
         """
         Args:
@@ -58,6 +59,10 @@ class LearnerStage:
             version: the policy version the trainer's weights are (a resumed run's last update).
             capture_state: put `Trainer.state_dict()` in each report (taken in the update's thread).
             announced_on_socket: accept `GroupExpected` frames from the results socket (see the module doc).
+            last_version: the run's last update (`run.updates`): no update starts once the weights are that version;
+                a group arriving after it is `GroupsConsumed(reason="run_ended")`. The runtime ends the phase on that
+                update's report, and an update started past it (minutes on a real LM) would only delay the end,
+                its weights never published.
         """
         self.trainer = trainer
         self.cfg = cfg
@@ -65,6 +70,7 @@ class LearnerStage:
         self.version = version
         self.capture_state = capture_state
         self.announced_on_socket = announced_on_socket
+        self.last_version = last_version
         self._thread = OwnThread("rollcut-learner", nice=cfg.thread_nice)
         self._stream: Any = None  # the learner's CUDA stream, made on its first update on CUDA
         self._expected: set[int] = set()
@@ -118,6 +124,9 @@ class LearnerStage:
         batch: list[GroupResult] = []
         async with receive:
             async for group in receive:
+                if self.last_version is not None and self.version >= self.last_version:
+                    await self.reports.send(GroupsConsumed(group_id=group.group_id, reason="run_ended"))
+                    continue
                 batch.append(group)
                 if len(batch) < self.cfg.batch_groups:
                     continue

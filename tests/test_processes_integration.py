@@ -75,6 +75,21 @@ def test_a_run_with_stages_in_processes_reaches_its_updates_and_leaves_no_proces
     assert [r["iteration"] for r in _metrics(run_dir)] == [1, 2, 3]
     assert summary["dropped_frames_total"] == 0
     _assert_the_gate_process_reported_its_last_statistics(summary, _metrics(run_dir))
+    _assert_the_saved_policy_is_the_last_update(run_dir, 3)
+
+
+def _assert_the_saved_policy_is_the_last_update(run_dir: Path, version: int) -> None:
+    """checkpoints/policy.pt holds the weights the last update published (the learner's process trained them)."""
+    import torch
+
+    from learner.trainer import published_weights
+    from pipeline.run.resume import load_state
+
+    state = load_state(run_dir)
+    assert state is not None and state["version"] == version
+    last = published_weights(state["trainer"])
+    saved = torch.load(run_dir / "checkpoints" / "policy.pt", weights_only=True)
+    assert saved.keys() == last.keys() and all(torch.equal(saved[k], last[k]) for k in last)
 
 
 def _assert_the_gate_process_reported_its_last_statistics(summary: dict, rows: list[dict]) -> None:

@@ -151,7 +151,7 @@ def gate_stage(cfg: RunConfig, counters: Mapping[str, Any] | None = None) -> Gat
 def learner_stage(cfg: RunConfig, trainer: Trainer, reports: ReportSink, *, version: int, capture_state: bool,
                         announced_on_socket: bool) -> LearnerStage:
     return LearnerStage(trainer, cfg.learner, reports=reports, version=version, capture_state=capture_state,
-                        announced_on_socket=announced_on_socket)
+                        announced_on_socket=announced_on_socket, last_version=cfg.run.updates)
 
 
 def observers(cfg: RunConfig) -> list[Stage]:

@@ -260,7 +260,7 @@ async def _finish(parts: RunParts, outcome: GrpoOutcome, measured: _Measured, st
             parts.progress.message(f"held-out success after GRPO ({cfg.eval.range}):  " + fmt_eval(after)
                                    + f"; paired change {fmt_change(paired_change(before, after))}")
         write_episodes(run_dir, cfg.eval.range, before, after)
-        _save_checkpoints(run_dir, parts.trainer, parts.allocator)
+        _save_checkpoints(run_dir, _last_published(checkpointer, parts.trainer), parts.allocator)
         _mark_peak(checkpointer.job, "after")
     wall_s = checkpointer.job["job_wall_s"] + outcome.wall_s + (time.perf_counter() - grpo_ended)
     policy_stats = parts.policy.statistics()
@@ -384,6 +384,14 @@ async def _until_stopped(stop: trio.Event, fn: Any, *args: Any) -> Any:
     return result
 
 
-def _save_checkpoints(run_dir: Path, trainer: Trainer, allocator: Any) -> None:
-    resume.atomic_write(run_dir / "checkpoints" / "policy.pt", lambda f: torch.save(trainer.published(), f))
+def _last_published(checkpointer: resume.Checkpointer, trainer: Trainer) -> dict[str, Any]:
+    """The weights of the run's last counted update, as its report carried the trainer's state, not the trainer's
+    weights now: those are a version on when the phase ended (its stop rule, its wall budget) during an update,
+    which ran to its end uncounted. The trainer's own weights when no update was counted."""
+    state = checkpointer.latest.get("trainer") if checkpointer.latest is not None else None
+    return published_weights(state) if state is not None else trainer.published()
+
+
+def _save_checkpoints(run_dir: Path, weights: dict[str, Any], allocator: Any) -> None:
+    resume.atomic_write(run_dir / "checkpoints" / "policy.pt", lambda f: torch.save(weights, f))
     resume.atomic_write_text(run_dir / "checkpoints" / "allocator.json", json.dumps(allocator.state_dict()))

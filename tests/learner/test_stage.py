@@ -1,5 +1,5 @@
 """The learner stage is message-driven: groups in over its socket, reports out over a channel; it never
-calls into the runtime, and it accepts only announced groups."""
+calls into the runtime, it accepts only announced groups, and it starts no update past the run's last one."""
 
 import threading
 from pathlib import Path
@@ -73,6 +73,28 @@ async def test_each_report_counts_the_zero_variance_groups_it_trained():
     counters = PhaseCounters()
     counters.learner_updated(report)
     assert (counters.groups_trained, counters.groups_trained_zero_variance) == (3, 2)
+
+
+async def test_no_update_starts_past_the_runs_last_version():
+    """The runtime ends the phase on the last update's report: an update started after it (minutes on a real
+    LM) would delay the end and publish nothing. Groups that arrive after it are consumed as "run_ended"."""
+    reports, received = trio.open_memory_channel(10)
+    trainer = _Trainer()
+    stage = LearnerStage(trainer, LearnerSection(batch_groups=1), reports=reports, version=3, last_version=4,
+                         announced_on_socket=True)
+    t = TransportSection(results="inproc://learner-test-last")
+    async with open_context() as zmq, trio.open_nursery() as nursery:
+        await nursery.start(stage.run, StageContext(zmq=zmq, addresses=t, run_dir=Path("."), profiler=Profiler(enabled=False)))
+        push = zmq.socket("push", t.results, bind=False)
+        async with push:
+            for gid in (0, 1, 2):
+                await push.send(GroupExpected(group_id=gid))
+                await push.send(_group(gid, [1.0, 0.0]))
+            messages = [await received.receive() for _ in range(3)]
+        nursery.cancel_scope.cancel()
+    assert isinstance(messages[0], LearnerReport) and messages[0].version == 4
+    assert messages[1:] == [GroupsConsumed(group_id=1, reason="run_ended"), GroupsConsumed(group_id=2, reason="run_ended")]
+    assert trainer.batches == [[0]] and stage.version == 4
 
 
 class _BlockedTrainer(_Trainer):

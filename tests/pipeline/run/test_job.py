@@ -57,3 +57,23 @@ async def test_the_warm_start_gives_its_freed_heap_back_before_the_run_goes_on(m
     built: list = []
     policy, _ = await job._build_policy(RunConfig(), suite=None, checkpoint=None, built=built)
     assert calls == ["built", "trimmed"] and built == [policy]
+
+
+class _Checkpointer:
+    def __init__(self, latest) -> None:
+        self.latest = latest
+
+
+class _Trainer:
+    def published(self):
+        return {"w": "the trainer's weights now"}
+
+
+def test_the_saved_policy_is_the_last_counted_update_not_the_trainer_now():
+    """The phase can end (its stop rule, its wall budget) while an update runs: the update runs to its end,
+    uncounted, and the trainer's weights are then a version past the summary's and the after-measure's."""
+    state = {"model": {"w": "version 12"}, "average": None}
+    assert job._last_published(_Checkpointer({"version": 12, "trainer": state}), _Trainer()) == {"w": "version 12"}
+    state = {"model": {"w": "version 12"}, "average": {"w": "average at 12"}}  # `ema`: the average is what is served
+    assert job._last_published(_Checkpointer({"version": 12, "trainer": state}), _Trainer()) == {"w": "average at 12"}
+    assert job._last_published(_Checkpointer(None), _Trainer()) == {"w": "the trainer's weights now"}  # no update
