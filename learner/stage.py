@@ -14,9 +14,10 @@ before sending; across processes (`announced_on_socket=True`) a `GroupExpected` 
 the same socket, so ordering holds without a second channel.
 
 Updates run on one thread of the stage's own (`pipeline.own_thread.OwnThread`), `learner.thread_nice` below
-the event loop's priority. Cancellation: the stage waits for the update in progress (a few seconds at most on
-the default model), so a shutdown loses no weights half-written; and it starts no update past the run's last one
-(`last_version`), so the phase's normal end waits for none.
+the event loop's priority. Cancellation: the stage tells the update in progress to stop (`Trainer.stop`: at its
+next micro-batch, seconds on a real LM, not the minutes of the whole update) and waits for its thread to return, so
+nothing runs on after the stage; the part-done update is dropped (the checkpoint holds the last update boundary).
+It starts no update past the run's last one (`last_version`), so the phase's normal end waits for none.
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ class LearnerStage:
                     continue
                 started = trio.current_time()
                 with ctx.profiler.span("learner", "train_step"):
-                    weights, stats, state = await self._thread.run(self._update, batch, self.version, ctx.profiler)
+                    weights, stats, state = await self._thread.run(self._update, batch, self.version, ctx.profiler,
+                                                                   on_cancel=self.trainer.stop)
                 self.version += 1
                 await self.reports.send(LearnerReport(
                     version=self.version, stats=stats, train_seconds=trio.current_time() - started, weights=weights,

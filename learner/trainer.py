@@ -42,6 +42,7 @@ import contextlib
 import copy
 import math
 import random
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -88,6 +89,10 @@ class _Sums:
         return value / self.tokens if self.tokens else 0.0
 
 
+class UpdateStopped(Exception):
+    """`Trainer.stop()` was called: the update ended between two micro-batches, its weights not published."""
+
+
 class Trainer:
     """Owns the trainable model and its optimizer; call `update` from one thread at a time."""
 
@@ -121,6 +126,7 @@ class Trainer:
         self._average = self._weights() if cfg.ema > 0 else None
         """The published weights when `cfg.ema` > 0: a moving average of the iterates, from the initial weights."""
         self._bf16 = cfg.bf16 and self.device.type == "cuda"
+        self._stopping = threading.Event()
 
     def update(self, groups: Sequence[GroupResult], *, version: int = 0) -> tuple[dict[str, Any], dict[str, float]]:
         """Train on `groups` with the weights of learner `version`. Returns (a detached copy of the new
@@ -162,6 +168,13 @@ class Trainer:
 
     def _weights(self) -> dict[str, Any]:
         return _copied(self.model.state_dict())
+
+    def stop(self) -> None:
+        """Stop the update in progress at its next micro-batch, and any later one at its first (`UpdateStopped`).
+        From any thread: the learner stage calls it when its phase ends during an update, which on a real LM runs
+        for minutes. Once stopped, the weights may be part-way through an update: only the state captured at the last
+        update boundary (what the checkpoint and checkpoints/policy.pt hold) is the run's."""
+        self._stopping.set()
 
     def published(self) -> dict[str, Any]:
         """A CPU copy of the weights the policy serves: the latest iterate, or its moving average (`ema`)."""
@@ -230,6 +243,8 @@ class Trainer:
         sums.items += len(batch)
         step_loss = 0.0
         for lo in range(0, len(batch), self.cfg.micro_batch):
+            if self._stopping.is_set():
+                raise UpdateStopped(f"stopped after {lo} of {len(batch)} items of a mini-batch")
             chunk = batch[lo : lo + self.cfg.micro_batch]
             with self._forward():
                 scores = self.model.completion_logprobs(

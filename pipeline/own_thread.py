@@ -6,9 +6,10 @@ arena of its own. `OwnThread` runs every call on the same thread, made once: the
 (`learner.thread_nice`, issue 60, item 13), so on a machine with fewer cores than busy threads the event
 loop's thread, left at the run's priority, takes a core as it wakes instead of queueing behind the update.
 
-The wait is shielded, as `trio.to_thread.run_sync` without `abandon_on_cancel`: a cancelled caller still
-waits for the call it started (an update is never left half-done) and gets its result; its `Cancelled` comes
-at its next checkpoint.
+A cancelled caller does not abandon the call it started (as `trio.to_thread.run_sync` without
+`abandon_on_cancel`): it calls its `on_cancel` (the learner: `Trainer.stop`, so the update ends at its next
+micro-batch) and waits, shielded, for the call to return before its `Cancelled` goes on; what the call returned
+or raised then is dropped. A call still queued when its caller is cancelled never runs.
 
 `wait_trio` awaits any `concurrent.futures.Future` from Trio (this thread's, or the vLLM backend's asyncio loop's).
 """
@@ -51,24 +52,29 @@ async def wait_trio(future: concurrent.futures.Future[T], *, on_cancel: Callable
     """Await a concurrent future from Trio, woken through the run's TrioToken (no polling, no blocked Trio thread).
     Cancelling the Trio caller cancels the future; `on_cancel` runs first when the caller is cancelled while the
     future is still pending."""
-    token = trio.lowlevel.current_trio_token()
-    done = trio.Event()
-
-    def wake(_: concurrent.futures.Future[T]) -> None:
-        try:
-            token.run_sync_soon(done.set)
-        except trio.RunFinishedError:
-            pass  # the Trio run is gone; nobody waits any more
-
-    future.add_done_callback(wake)
     try:
-        await done.wait()
+        await _done(future)
     finally:
         if not future.done():
             if on_cancel is not None:
                 on_cancel()
             future.cancel()
     return future.result()
+
+
+async def _done(future: concurrent.futures.Future[Any]) -> None:
+    """Sleep until `future` is done (its result not read)."""
+    token = trio.lowlevel.current_trio_token()
+    done = trio.Event()
+
+    def wake(_: concurrent.futures.Future[Any]) -> None:
+        try:
+            token.run_sync_soon(done.set)
+        except trio.RunFinishedError:
+            pass  # the Trio run is gone; nobody waits any more
+
+    future.add_done_callback(wake)
+    await done.wait()
 
 
 class OwnThread:
@@ -84,14 +90,19 @@ class OwnThread:
     def _start(self) -> None:
         self.niceness = lower_thread_priority(self.nice)
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` on the thread; the calling task sleeps until it returns (or raises)."""
+    async def run(self, fn: Callable[..., T], *args: Any, on_cancel: Callable[[], None] | None = None) -> T:
+        """`fn(*args)` on the thread; the calling task sleeps until it returns (or raises). A cancelled caller calls
+        `on_cancel` (e.g. tells `fn` to stop early) and still waits for `fn` to return, then is cancelled: whatever
+        `fn` returned or raised then is dropped."""
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=self.name, initializer=self._start)
         future = self._executor.submit(fn, *args)
-        with trio.CancelScope(shield=True):  # the call runs to its end whatever happens to the caller
-            result = await wait_trio(future)
-        return result
+        try:
+            return await wait_trio(future, on_cancel=on_cancel)
+        finally:
+            if not future.done():  # cancelled while `fn` runs: it runs to its end (or its stop) all the same
+                with trio.CancelScope(shield=True):
+                    await _done(future)
 
     def close(self) -> None:
         """Join the thread (after the call in progress, if any)."""

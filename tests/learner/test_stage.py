@@ -26,6 +26,9 @@ class _Trainer:
     def state_dict(self):
         return {"batches": len(self.batches)}
 
+    def stop(self):
+        pass
+
 
 def _group(gid, rewards):
     trajectories = [Trajectory(rollout_index=i, turns=[], reward=r, success=r > 0, status=TrajectoryStatus.COMPLETE)
@@ -108,6 +111,29 @@ class _BlockedTrainer(_Trainer):
         self.started.set()
         self.release.wait()
         return super().update(groups, version=version)
+
+    def stop(self):
+        self.stopped = True
+        self.release.set()  # a real trainer raises UpdateStopped at its next micro-batch; this one ends its wait
+
+
+async def test_a_stage_cancelled_during_an_update_tells_the_trainer_to_stop_and_waits_for_it():
+    """On a real LM an update runs for minutes: the phase's end (or Ctrl-C) stops it at its next micro-batch
+    instead of waiting for all of it, and the stage still returns only once the update's thread has."""
+    reports, received = trio.open_memory_channel(10)
+    trainer = _BlockedTrainer()
+    stage = LearnerStage(trainer, LearnerSection(batch_groups=1), reports=reports, announced_on_socket=True)
+    t = TransportSection(results="inproc://learner-test-stop")
+    async with open_context() as zmq, trio.open_nursery() as nursery:
+        await nursery.start(stage.run, StageContext(zmq=zmq, addresses=t, run_dir=Path("."), profiler=Profiler(enabled=False)))
+        push = zmq.socket("push", t.results, bind=False)
+        async with push:
+            await push.send(GroupExpected(group_id=0))
+            await push.send(_group(0, [1.0, 0.0]))
+            await trio.to_thread.run_sync(trainer.started.wait)
+        nursery.cancel_scope.cancel()  # the update is blocked until `stop` releases it
+    assert trainer.stopped and trainer.batches == [[0]]  # the update returned before the stage did
+    assert stage.version == 0 and received.statistics().current_buffer_used == 0  # nothing published
 
 
 async def test_a_zero_variance_group_is_dropped_while_an_update_runs_not_after_it():

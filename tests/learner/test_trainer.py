@@ -7,7 +7,7 @@ import torch
 
 from learner.items import build_items
 from learner.losses import clipped_ratio_loss
-from learner.trainer import Trainer, published_weights
+from learner.trainer import Trainer, UpdateStopped, published_weights
 from pipeline.config import LearnerSection
 from pipeline.messages import GroupResult, Trajectory, TrajectoryStatus, Turn
 from stages.policy.sampling import nucleus_sizes, sampled_logprobs
@@ -314,3 +314,25 @@ def test_turns_beyond_max_items_are_counted():
     assert stats["learner/items"] == 5.0 and stats["learner/items_beyond_max"] == 7.0
     _, stats = Trainer(model, LearnerSection(lr=0.05, max_items=0), clipped_ratio_loss).update(batch)
     assert stats["learner/items"] == 12.0 and stats["learner/items_beyond_max"] == 0.0
+
+
+def test_a_stopped_trainer_ends_its_update_at_the_next_micro_batch():
+    """`Trainer.stop()` (the learner stage, its phase ended during an update) ends the update between two
+    micro-batches: here from inside the model's forward, as another thread would while the first one runs."""
+    model = BigramModel()
+    trainer = Trainer(model, LearnerSection(lr=0.05, max_items=0, micro_batch=2), clipped_ratio_loss)
+    batch = [_group(model, g, [1.0, 0.0, 0.0, 1.0]) for g in range(3)]  # 12 items: 6 micro-batches
+    forwards = []
+    score = model.completion_logprobs
+
+    def scored(*args, **kwargs):
+        forwards.append(1)
+        trainer.stop()
+        return score(*args, **kwargs)
+
+    model.completion_logprobs = scored
+    with pytest.raises(UpdateStopped, match="stopped after 2 of 12 items"):
+        trainer.update(batch)
+    assert len(forwards) == 1
+    with pytest.raises(UpdateStopped):  # and the next update does not start
+        trainer.update(batch)

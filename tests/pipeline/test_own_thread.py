@@ -1,5 +1,5 @@
-"""A stage's own thread: one thread for every call, its niceness below the loop's, a cancelled caller waiting for
-the call it started, errors raised in the caller."""
+"""A stage's own thread: one thread for every call, its niceness below the loop's, a cancelled caller telling the
+call it started to stop and waiting for it, errors raised in the caller."""
 
 import os
 import sys
@@ -44,30 +44,50 @@ def test_nice_zero_changes_nothing():
     assert lower_thread_priority(0) is None and _niceness() == before
 
 
-async def test_a_cancelled_caller_waits_for_the_call_it_started_and_gets_its_result():
-    thread, started, release, finished = OwnThread("test-cancel"), threading.Event(), threading.Event(), []
+async def test_a_cancelled_caller_tells_the_call_to_stop_and_waits_for_it_to_return():
+    thread, started, stop, finished = OwnThread("test-cancel"), threading.Event(), threading.Event(), []
 
     def work() -> str:
         started.set()
-        release.wait()  # set by the test right after it cancels the caller
-        finished.append(True)
-        return "done"
+        stop.wait()  # released only by the caller's on_cancel: the call stops early when told
+        finished.append("stopped")
+        raise RuntimeError("stopped part-way")  # dropped: the caller is cancelled, not failed
 
     got = []
     try:
         async with trio.open_nursery() as nursery:
             async def caller() -> None:
-                got.append(await thread.run(work))
-                await trio.lowlevel.checkpoint()  # where the caller's Cancelled lands
-                got.append("not reached")
+                try:
+                    got.append(await thread.run(work, on_cancel=stop.set))
+                finally:
+                    got.append(list(finished))  # the call had returned before the caller's wait ended
 
             nursery.start_soon(caller)
             await trio.to_thread.run_sync(started.wait)
             nursery.cancel_scope.cancel()
+    finally:
+        thread.close()
+    assert finished == ["stopped"] and got == [["stopped"]]
+
+
+async def test_a_call_cancelled_before_it_starts_never_runs():
+    thread, started, release, ran = OwnThread("test-queued"), threading.Event(), threading.Event(), []
+
+    def first() -> None:
+        started.set()
+        release.wait()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(thread.run, first)
+            await trio.to_thread.run_sync(started.wait)
+            with trio.CancelScope() as scope:
+                scope.cancel()  # cancelled as it waits: the second call is still queued behind the first
+                await thread.run(lambda: ran.append(True))
             release.set()
     finally:
         thread.close()
-    assert finished == [True] and got == ["done"]
+    assert ran == []
 
 
 async def test_an_error_in_the_call_is_raised_in_the_caller_and_the_thread_stays_usable():
