@@ -72,8 +72,9 @@ def test_ctrl_c_after_first_update_then_resume_reaches_the_configured_updates(tm
     assert json.loads((run_dir / "summary.json").read_text())["stop_reason"] == "interrupted"
     assert not (run_dir / "heldout_curve.jsonl").exists()  # an interrupted run measures no curve: its resume does
 
-    resumed = subprocess.run([sys.executable, "run.py", "resume", str(run_dir), "--set", "run.progress=false"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=300)
+    # resumed on another held-out range: its before measure is taken again, on the checkpoint's weights, and says so
+    resumed = subprocess.run([sys.executable, "run.py", "resume", str(run_dir), "--set", "run.progress=false",
+                              "--set", 'eval.range="valid"'], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert "run.progress: True -> False" in resumed.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -86,6 +87,7 @@ def test_ctrl_c_after_first_update_then_resume_reaches_the_configured_updates(tm
     assert summary["env_steps"] >= rows[-1]["env_steps"] > rows[stopped_at - 1]["env_steps"]  # steps go on until the phase ends
     assert summary["grpo_wall_s"] >= rows[stopped_at - 1]["wall_s"]
     assert summary["heldout_success_after"] is not None and summary["peak_rss_mb"] > 0
+    assert summary["heldout_range"] == "valid" and summary["heldout_before_version"] == stopped_at
     ledger = summary["ledger"]  # the work of groups in flight at the checkpoint is unfinished, none lost
     assert sum(f["env_steps"] for f in ledger["fates"].values()) == ledger["env_steps"] == summary["env_steps"]
     assert ledger["fates"]["trained_informative"]["groups"] + ledger["fates"]["trained_zero_variance"]["groups"] == \

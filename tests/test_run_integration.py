@@ -108,6 +108,7 @@ async def test_pipeline_cuts_backfills_and_trains_on_a_tiny_budget(tmp_path):
     change = written["heldout_change"]
     assert change["tasks"] == sum(len(rows) for rows in episodes["after"].values())
     assert abs(change["change"] - (written["heldout_success_after"] - written["heldout_success_before"])) < 1e-9
+    assert written["heldout_before_version"] == 0  # measured on the warm start
 
     # The job closed its events.jsonl: events logged after it must not go to the closed file.
     events_size = (run_dir / "events.jsonl").stat().st_size

@@ -161,9 +161,11 @@ async def _run_phases(
         before, reused = await _unless_stopped(stop, run_dir, _measure_before, cfg, run_dir, policy, suite, splits,
                                                checkpoint is None)
         job |= {"heldout_before": reports_to_json(before), "heldout_range": cfg.eval.range, "heldout_before_reused": reused,
+                "heldout_before_version": checkpoint["version"] if checkpoint else 0,  # a resume's: its checkpoint's
                 "warm_start_s": job.get("warm_start_s", warm_start_s), "job_wall_s": job.get("job_wall_s", 0.0)}
         _mark_peak(job, "before")
-    progress.message(f"held-out success before GRPO ({cfg.eval.range}): " + fmt_eval(before))
+    of = f", version {job['heldout_before_version']}'s weights" if job.get("heldout_before_version") else ""
+    progress.message(f"held-out success before GRPO ({cfg.eval.range}{of}): " + fmt_eval(before))
     curve = curve_tasks(cfg, suite)
     parts = _run_parts(cfg, run_dir, suite, policy, splits, checkpoint, job, progress, trackers,
                        evaluate=periodic_evaluator(cfg, suite, curve, built) if curve else None)
@@ -270,6 +272,7 @@ async def _finish(parts: RunParts, outcome: GrpoOutcome, measured: _Measured, st
                       machine_load=measured.machine_load) | {"decoding_workers": policy_stats.workers or 1,
                                                              "policy_statistics": policy_figures(policy_stats),
                                                              "heldout_before_reused": checkpointer.job.get("heldout_before_reused", False),
+                                                             "heldout_before_version": checkpointer.job.get("heldout_before_version", 0),
                                                              "run_commits": invocations(run_dir),
                                                              "peak_rss_mb_by_phase": dict(checkpointer.job.get("peak_rss_mb_by_phase", {}))}
     if outcome.counters.evaluations:
