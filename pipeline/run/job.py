@@ -47,7 +47,6 @@ from .summary import (
     fmt_change,
     fmt_eval,
     group_kinds_table,
-    paired_change,
     policy_figures,
     predictor_table,
     reports_from_json,
@@ -258,9 +257,6 @@ async def _finish(parts: RunParts, outcome: GrpoOutcome, measured: _Measured, st
     after = {} if interrupted else await _unless_stopped(stop, run_dir, evaluate_heldout, parts.policy, parts.suite,
                                                          parts.heldout, cfg.eval.greedy, version=version)
     if not interrupted:
-        if parts.progress is not None:
-            parts.progress.message(f"held-out success after GRPO ({cfg.eval.range}):  " + fmt_eval(after)
-                                   + f"; paired change {fmt_change(paired_change(before, after))}")
         write_episodes(run_dir, cfg.eval.range, before, after)
         _save_checkpoints(run_dir, _last_published(checkpointer, parts.trainer), parts.allocator)
         _mark_peak(checkpointer.job, "after")
@@ -275,6 +271,9 @@ async def _finish(parts: RunParts, outcome: GrpoOutcome, measured: _Measured, st
                                                              "heldout_before_version": checkpointer.job.get("heldout_before_version", 0),
                                                              "run_commits": invocations(run_dir),
                                                              "peak_rss_mb_by_phase": dict(checkpointer.job.get("peak_rss_mb_by_phase", {}))}
+    if not interrupted and parts.progress is not None:
+        parts.progress.message(f"held-out success after GRPO ({cfg.eval.range}):  " + fmt_eval(after)
+                               + f"; paired change {fmt_change(figures['heldout_change'])}")
     if outcome.counters.evaluations:
         write_learning_curve(
             run_dir / "learning_curve.png",
@@ -389,8 +388,8 @@ async def _until_stopped(stop: trio.Event, fn: Any, *args: Any) -> Any:
 
 def _last_published(checkpointer: resume.Checkpointer, trainer: Trainer) -> dict[str, Any]:
     """The weights of the run's last counted update, as its report carried the trainer's state, not the trainer's
-    weights now: those are a version on when the phase ended (its stop rule, its wall budget) during an update,
-    which ran to its end uncounted. The trainer's own weights when no update was counted."""
+    weights now: those are part-way through an update when the phase ended (its stop rule, its wall budget) during
+    one, stopped uncounted (`Trainer.stop`). The trainer's own weights when no update was counted."""
     state = checkpointer.latest.get("trainer") if checkpointer.latest is not None else None
     return published_weights(state) if state is not None else trainer.published()
 

@@ -1,6 +1,7 @@
 """The learner stage is message-driven: groups in over its socket, reports out over a channel; it never
 calls into the runtime, it accepts only announced groups, and it starts no update past the run's last one."""
 
+import contextlib
 import threading
 from pathlib import Path
 
@@ -36,22 +37,35 @@ def _group(gid, rewards):
     return GroupResult(group_id=gid, task_id="t", trajectories=trajectories, cut=False)
 
 
-async def test_reports_an_update_per_batch_and_a_drop_per_zero_variance_group():
-    reports, received = trio.open_memory_channel(10)
-    trainer = _Trainer()
-    stage = LearnerStage(trainer, LearnerSection(batch_groups=2), reports=reports, version=3, announced_on_socket=True)
-    t = TransportSection(results="inproc://learner-test")
+@contextlib.asynccontextmanager
+async def _serving(stage, name):
+    """`stage` running on a results socket of its own; yields a PUSH socket to it, and cancels the stage on exit
+    (after the socket closed)."""
+    t = TransportSection(results=f"inproc://learner-test-{name}")
     async with open_context() as zmq, trio.open_nursery() as nursery:
         await nursery.start(stage.run, StageContext(zmq=zmq, addresses=t, run_dir=Path("."), profiler=Profiler(enabled=False)))
         push = zmq.socket("push", t.results, bind=False)
         async with push:
-            await push.send(_group(9, [1.0, 0.0]))  # never announced: dropped
-            for gid, rewards in ((0, [1.0, 0.0]), (1, [1.0, 1.0]), (2, [0.0, 1.0])):
-                await push.send(GroupExpected(group_id=gid))
-                await push.send(_group(gid, rewards))
-            dropped = await received.receive()
-            report = await received.receive()
+            yield push
         nursery.cancel_scope.cancel()
+
+
+async def _announce(push, gid, rewards):
+    """Send group `gid` as the runtime does across processes: announced, then the group."""
+    await push.send(GroupExpected(group_id=gid))
+    await push.send(_group(gid, rewards))
+
+
+async def test_reports_an_update_per_batch_and_a_drop_per_zero_variance_group():
+    reports, received = trio.open_memory_channel(10)
+    trainer = _Trainer()
+    stage = LearnerStage(trainer, LearnerSection(batch_groups=2), reports=reports, version=3, announced_on_socket=True)
+    async with _serving(stage, "updates") as push:
+        await push.send(_group(9, [1.0, 0.0]))  # never announced: dropped
+        for gid, rewards in ((0, [1.0, 0.0]), (1, [1.0, 1.0]), (2, [0.0, 1.0])):
+            await _announce(push, gid, rewards)
+        dropped = await received.receive()
+        report = await received.receive()
     assert dropped == GroupsConsumed(zero_variance=True, group_id=1, reason="all_succeed")
     assert isinstance(report, LearnerReport) and report.version == 4 and report.groups_trained == 2
     assert report.group_ids == (0, 2)
@@ -62,16 +76,10 @@ async def test_each_report_counts_the_zero_variance_groups_it_trained():
     reports, received = trio.open_memory_channel(10)
     stage = LearnerStage(_Trainer(), LearnerSection(batch_groups=3, drop_zero_variance=False), reports=reports,
                          announced_on_socket=True)
-    t = TransportSection(results="inproc://learner-test-kept")
-    async with open_context() as zmq, trio.open_nursery() as nursery:
-        await nursery.start(stage.run, StageContext(zmq=zmq, addresses=t, run_dir=Path("."), profiler=Profiler(enabled=False)))
-        push = zmq.socket("push", t.results, bind=False)
-        async with push:
-            for gid, rewards in ((0, [1.0, 0.0]), (1, [1.0, 1.0]), (2, [0.0, 0.0]), (3, [0.0, 1.0])):
-                await push.send(GroupExpected(group_id=gid))
-                await push.send(_group(gid, rewards))
-            report = await received.receive()  # groups 0-2; group 3 waits for a batch that never fills
-        nursery.cancel_scope.cancel()
+    async with _serving(stage, "kept") as push:
+        for gid, rewards in ((0, [1.0, 0.0]), (1, [1.0, 1.0]), (2, [0.0, 0.0]), (3, [0.0, 1.0])):
+            await _announce(push, gid, rewards)
+        report = await received.receive()  # groups 0-2; group 3 waits for a batch that never fills
     assert report.groups_trained == 3 and report.stats[ZERO_VARIANCE_TRAINED] == 2.0
     counters = PhaseCounters()
     counters.learner_updated(report)
@@ -85,16 +93,10 @@ async def test_no_update_starts_past_the_runs_last_version():
     trainer = _Trainer()
     stage = LearnerStage(trainer, LearnerSection(batch_groups=1), reports=reports, version=3, last_version=4,
                          announced_on_socket=True)
-    t = TransportSection(results="inproc://learner-test-last")
-    async with open_context() as zmq, trio.open_nursery() as nursery:
-        await nursery.start(stage.run, StageContext(zmq=zmq, addresses=t, run_dir=Path("."), profiler=Profiler(enabled=False)))
-        push = zmq.socket("push", t.results, bind=False)
-        async with push:
-            for gid in (0, 1, 2):
-                await push.send(GroupExpected(group_id=gid))
-                await push.send(_group(gid, [1.0, 0.0]))
-            messages = [await received.receive() for _ in range(3)]
-        nursery.cancel_scope.cancel()
+    async with _serving(stage, "last") as push:
+        for gid in (0, 1, 2):
+            await _announce(push, gid, [1.0, 0.0])
+        messages = [await received.receive() for _ in range(3)]
     assert isinstance(messages[0], LearnerReport) and messages[0].version == 4
     assert messages[1:] == [GroupsConsumed(group_id=1, reason="run_ended"), GroupsConsumed(group_id=2, reason="run_ended")]
     assert trainer.batches == [[0]] and stage.version == 4
@@ -123,15 +125,9 @@ async def test_a_stage_cancelled_during_an_update_tells_the_trainer_to_stop_and_
     reports, received = trio.open_memory_channel(10)
     trainer = _BlockedTrainer()
     stage = LearnerStage(trainer, LearnerSection(batch_groups=1), reports=reports, announced_on_socket=True)
-    t = TransportSection(results="inproc://learner-test-stop")
-    async with open_context() as zmq, trio.open_nursery() as nursery:
-        await nursery.start(stage.run, StageContext(zmq=zmq, addresses=t, run_dir=Path("."), profiler=Profiler(enabled=False)))
-        push = zmq.socket("push", t.results, bind=False)
-        async with push:
-            await push.send(GroupExpected(group_id=0))
-            await push.send(_group(0, [1.0, 0.0]))
-            await trio.to_thread.run_sync(trainer.started.wait)
-        nursery.cancel_scope.cancel()  # the update is blocked until `stop` releases it
+    async with _serving(stage, "stop") as push:
+        await _announce(push, 0, [1.0, 0.0])
+        await trio.to_thread.run_sync(trainer.started.wait)  # blocked until the stage's cancellation calls `stop`
     assert trainer.stopped and trainer.batches == [[0]]  # the update returned before the stage did
     assert stage.version == 0 and received.statistics().current_buffer_used == 0  # nothing published
 
@@ -142,22 +138,16 @@ async def test_a_zero_variance_group_is_dropped_while_an_update_runs_not_after_i
     reports, received = trio.open_memory_channel(10)
     trainer = _BlockedTrainer()
     stage = LearnerStage(trainer, LearnerSection(batch_groups=1), reports=reports, announced_on_socket=True)
-    t = TransportSection(results="inproc://learner-test-busy")
-    async with open_context() as zmq, trio.open_nursery() as nursery:
-        await nursery.start(stage.run, StageContext(zmq=zmq, addresses=t, run_dir=Path("."), profiler=Profiler(enabled=False)))
-        push = zmq.socket("push", t.results, bind=False)
-        async with push:
-            for gid, rewards in ((0, [1.0, 0.0]), (1, [0.0, 0.0])):
-                await push.send(GroupExpected(group_id=gid))
-                await push.send(_group(gid, rewards))
-            await trio.to_thread.run_sync(trainer.started.wait)
-            try:
-                with trio.fail_after(30):  # a hang guard only: the drop arrives while the update is still blocked
-                    dropped = await received.receive()
-            finally:
-                trainer.release.set()  # the update's thread cannot be cancelled: let it end either way
-            report = await received.receive()
-        nursery.cancel_scope.cancel()
+    async with _serving(stage, "busy") as push:
+        for gid, rewards in ((0, [1.0, 0.0]), (1, [0.0, 0.0])):
+            await _announce(push, gid, rewards)
+        await trio.to_thread.run_sync(trainer.started.wait)
+        try:
+            with trio.fail_after(30):  # a hang guard only: the drop arrives while the update is still blocked
+                dropped = await received.receive()
+        finally:
+            trainer.release.set()  # let the update end, whether the drop came or not
+        report = await received.receive()
     assert dropped == GroupsConsumed(zero_variance=True, group_id=1, reason="all_fail")
     assert isinstance(report, LearnerReport) and trainer.batches == [[0]]
 
