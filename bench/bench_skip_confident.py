@@ -1,6 +1,7 @@
 """What `learner.skip_confident` saves on the rollouts of a real warm start, and what it changes.
 
     .venv/bin/python bench/bench_skip_confident.py --config configs/learn.toml [--groups 32] [--p 0.99] [--set key=value ...]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/bench_skip_confident.py --config configs/smollm2-choose.toml --groups 8 --repeat 1
 
 A sharp warm start acts with probability ~1 on most turns: with whole-command choice at T = 0.5 and top-p
 0.95 the chosen command is often the only one in the nucleus (probability exactly 1, no gradient at all).
@@ -8,8 +9,8 @@ A turn's policy-gradient term scales with 1 - p, so leaving those turns out of t
 cost the update almost nothing and save their forward / backward compute.
 
 The bench plays `--groups` train tasks (the last of the split) 8 times each at the policy's temperature,
-in lockstep, recording every turn as the rollout stage would (prompt, chosen command, its log-probs under
-the sampling distribution, the commands on offer), keeps the mixed groups (the learner refuses the
+all at once through `policy.act` (any backend), recording every turn as the rollout stage does (prompt,
+chosen command, its log-probs under the sampling distribution, the commands on offer), keeps the mixed groups (the learner refuses the
 others), and runs one learner update on them from the same weights with `learner.skip_confident` = 0 and
 = `--p`, interleaved, best of `--repeat`, one torch thread. Prints the share of turns skipped, the seconds
 and their ratio, and the cosine between the two updates' first-step gradients (1 = the same direction)
@@ -22,71 +23,82 @@ import argparse
 import copy
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
 import torch
+import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from learner.trainer import Trainer  # noqa: E402
-from pipeline.messages import GroupResult, Trajectory, TrajectoryStatus, Turn  # noqa: E402
-from pipeline.progress import Progress  # noqa: E402
+from pipeline.messages import GroupResult, Trajectory, TrajectoryStatus  # noqa: E402
+from pipeline.progress import Progress, report  # noqa: E402
 from pipeline.run import build  # noqa: E402
 from pipeline.run.checks import load  # noqa: E402
-from stages.lockstep import play_lockstep  # noqa: E402
-from stages.policy.base import AgentContext  # noqa: E402
-from stages.policy.torch_tiny._pretrain import _decode  # noqa: E402
-from stages.policy.torch_tiny._prompt import parse_action  # noqa: E402
-from stages.policy.torch_tiny._server import request_uniforms  # noqa: E402
+from stages.envs.base import EnvSuite, Task  # noqa: E402
+from stages.episode import Episode, play_episode  # noqa: E402
+from stages.policy.base import Policy  # noqa: E402
 
 
-def play_groups(policy, suite, tasks, seed: int) -> list[GroupResult]:
-    """8 rollouts per task at the policy's sampling settings, every turn recorded; one group per task."""
-    fmt, sampling, model = policy.prompt, policy.sampling, policy.model
-    runs = [task for task in tasks for _ in range(8)]
-    turns: list[list[Turn]] = [[] for _ in runs]
+def play_groups(policy: Policy, suite: EnvSuite, tasks: Sequence[Task], group_size: int = 8) -> list[GroupResult]:
+    """`group_size` rollouts per task at the policy's sampling settings, through `policy.act` as the rollout
+    stage plays them (any backend; every episode at once, so a batching policy scores them together), every
+    turn recorded; one group per task, in the order of `tasks`."""
+    runs = [(g, task) for g, task in enumerate(tasks) for _ in range(group_size)]
+    episodes: list[Episode] = [Episode() for _ in runs]
+    finished = won = 0
 
-    def decide(step: int, live: list[int], contexts: list[AgentContext], envs) -> list[str]:
-        prompts = [fmt.build(c) for c in contexts]
-        uniforms = torch.stack([request_uniforms(seed, i * suite.max_steps + step, sampling.max_new_tokens) for i in live])
-        with torch.no_grad():
-            samples = _decode(model, fmt, sampling, prompts, uniforms, False, [c.admissible for c in contexts])
-        actions = []
-        for i, prompt, context, sample in zip(live, prompts, contexts, samples, strict=True):
-            action = parse_action(fmt.tokenizer.decode(sample.token_ids), context.admissible, fuzzy_cutoff=sampling.fuzzy_cutoff)
-            choices = sampling.choices(fmt, context.admissible) if sampling.choose_admissible else []
-            turns[i].append(Turn(prompt_ids=prompt, token_ids=sample.token_ids, logprobs=sample.logprobs, action=action,
-                                 policy_version=0, choices=choices, nucleus=sample.nucleus))
-            actions.append(action)
-        return actions
+    async def one(i: int) -> None:
+        nonlocal finished, won
+        env = suite.make()
+        try:
+            await play_episode(policy, env, runs[i][1], suite.max_steps, episode=episodes[i])
+        finally:
+            env.close()
+        finished, won = finished + 1, won + episodes[i].won
+        report("rollouts", finished, len(runs), f"{won} won")
 
-    episodes = play_lockstep(suite, runs, decide, label="rollouts")
+    async def play() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(policy.serve)
+            async with trio.open_nursery() as games:
+                for i in range(len(runs)):
+                    games.start_soon(one, i)
+            nursery.cancel_scope.cancel("rollouts finished")
+
+    trio.run(play)
     groups = []
     for g, task in enumerate(tasks):
+        played = episodes[g * group_size : (g + 1) * group_size]
         trajectories = [
-            Trajectory(rollout_index=k, turns=turns[g * 8 + k], reward=float(e.won), success=e.won, status=TrajectoryStatus.COMPLETE)
-            for k, e in enumerate(episodes[g * 8 : g * 8 + 8])
+            Trajectory(rollout_index=k, turns=e.turns, reward=float(e.won), success=e.won, status=TrajectoryStatus.COMPLETE)
+            for k, e in enumerate(played)
         ]
         groups.append(GroupResult(group_id=g, task_id=task.task_id, trajectories=trajectories, cut=False))
     return groups
 
 
-def first_step_gradient(trainer: Trainer, groups: list[GroupResult]) -> torch.Tensor:
-    """The flattened gradient of the update's first optimizer step (the weights are left as they were)."""
+def timed_update(trainer: Trainer, groups: list[GroupResult]) -> tuple[float, dict[str, float], torch.Tensor]:
+    """One update: its seconds, its figures and the flattened gradient of its first optimizer step (copied as
+    the step is taken; the copy is the only work added to the timed update)."""
     captured: list[torch.Tensor] = []
     step = trainer.optimizer.step
 
     def capture() -> None:
         if not captured:
             captured.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None]))
+        step()
 
-    trainer.optimizer.step = capture  # type: ignore[method-assign]
+    trainer.optimizer.step = capture  # type: ignore[method-assign,assignment]
     try:
-        trainer.update(groups)
+        started = time.perf_counter()
+        _, stats = trainer.update(groups)
+        seconds = time.perf_counter() - started
     finally:
         trainer.optimizer.step = step  # type: ignore[method-assign]
-    return captured[0]
+    return seconds, stats, captured[0]
 
 
 def main(args: argparse.Namespace) -> None:
@@ -96,32 +108,32 @@ def main(args: argparse.Namespace) -> None:
     policy = build.policy(cfg, suite, workers=1)  # scored in this process, whatever policy.workers says
     torch.set_num_threads(1)
     tasks = list(suite.tasks("train"))[-args.groups :]
-    played = play_groups(policy, suite, tasks, cfg.run.seed)
+    played = play_groups(policy, suite, tasks)
     groups = [g for g in played if 0 < sum(t.success for t in g.trajectories) < len(g.trajectories)]
     if not groups:
         sys.exit("bench_skip_confident: no mixed group among the rollouts; play more --groups")
-    model = policy.model.requires_grad_(True)
+    model = policy.trainable()  # the learner's copy of the served weights (hf / vLLM: with the LoRA adapter)
     weights = copy.deepcopy(model.state_dict())
     arms = {"every turn": 0.0, f"skip p >= {args.p}": args.p}
 
     def trainer(skip: float) -> Trainer:
-        model.load_state_dict(weights)
+        model.load_state_dict(weights)  # type: ignore[attr-defined]  # every backend's trainable model has one
         return build.trainer(msgspec.structs.replace(cfg, learner=msgspec.structs.replace(cfg.learner, skip_confident=skip)), model)
 
     best = dict.fromkeys(arms, float("inf"))
+    gradients: dict[str, torch.Tensor] = {}
     skipped = 0.0
     for _ in range(args.repeat):
         for name, skip in arms.items():
-            t = trainer(skip)
-            started = time.perf_counter()
-            _, stats = t.update(groups)
-            best[name] = min(best[name], time.perf_counter() - started)
+            seconds, stats, gradients[name] = timed_update(trainer(skip), groups)
+            best[name] = min(best[name], seconds)
             skipped = stats["learner/skipped_confident"] if skip else skipped
-    every, skipping = (first_step_gradient(trainer(skip), groups) for skip in arms.values())
+    policy.close()
+    every, skipping = gradients.values()
     cosine = float(torch.nn.functional.cosine_similarity(every.double(), skipping.double(), dim=0))
     turns = sum(len(t.turns) for g in groups for t in g.trajectories)
     certain = sum(sum(u.logprobs) == 0.0 for g in groups for t in g.trajectories for u in t.turns)
-    print(f"\n{len(tasks)} tasks x 8 rollouts at T = {policy.sampling.temperature}, top-p {policy.sampling.top_p}: "
+    print(f"\n{len(tasks)} tasks x 8 rollouts at T = {cfg.policy.temperature}, top-p {cfg.policy.top_p}: "
           f"{len(groups)} mixed groups, {turns} turns; minibatch_items {cfg.learner.minibatch_items}, epochs {cfg.learner.epochs}")
     print(f"{certain / turns:.2f} of the turns had probability exactly 1 (one command in the top-p nucleus)")
     print("| turns skipped | update s, every turn | update s, skipping | ratio | first-step gradient cosine | norm ratio |")
