@@ -13,6 +13,7 @@ This module imports peft lazily: without it, asking for LoRA is a clear error na
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +70,9 @@ def apply_lora(lm: Any, lora: LoraSettings, *, seed: int = 0) -> Any:
     from peft import get_peft_model
 
     torch.manual_seed(seed)
-    return get_peft_model(lm, lora.peft_config())
+    with warnings.catch_warnings():  # peft reads transformers' deprecated `is_gradient_checkpointing`: not the user's to fix
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        return get_peft_model(lm, lora.peft_config())
 
 
 def adapter_state(peft_lm: Any) -> dict[str, torch.Tensor]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,3 +117,17 @@ def test_learner_trains_the_adapter_only_and_its_state_reloads() -> None:
     reloaded = CausalLMTrainable(apply_lora(fresh_base, LORA, seed=1), temperature=1.0, top_p=1.0, lora=LORA)
     load_adapter_state(reloaded.lm, state)
     assert torch.allclose(reloaded.completion_logprobs([[1, 2]], [[3, 4]]).logprobs, trained, atol=1e-5)
+
+
+def test_wrapping_a_model_in_an_adapter_warns_the_user_of_nothing() -> None:
+    """peft reads a property transformers deprecated; the FutureWarning is no concern of the run's user."""
+    transformers = pytest.importorskip("transformers", reason="the transformers learner needs the vllm environment")
+    pytest.importorskip("peft", reason="LoRA needs peft (the lora extra)")
+    from stages.policy.vllm._lora import apply_lora
+
+    cfg = transformers.LlamaConfig(vocab_size=20, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        wrapped = apply_lora(transformers.LlamaForCausalLM(cfg), LORA)
+    assert any("lora_" in n for n, _ in wrapped.named_parameters())
