@@ -6,6 +6,7 @@
                                                    # the stall gate at its learn-regime point (configs/arms/gate-stall-learn.toml)
     python run.py --budget tiny --set 'gate.name="mygates:MyGate"'   # try a plugin: a run of about a minute (docs/plugins.md)
     python run.py pretrain                         # behaviour-clone (or load the cached) warm start, report held-out success
+    python run.py pretrain --episodes warm.json    # ... and keep every held-out episode, to pair with a run's (bench/paired_heldout.py)
     python run.py profile runs/default             # print the per-stage table of an existing run
     python run.py check --config FILE.toml         # validate a config and print it resolved
     python run.py resume runs/default              # continue a stopped run from its folder (--set allowed)
@@ -41,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
                         ".toml path (`tiny`: about a minute on 2 cores, for trying a plugin; it sets no plugin's options)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--out", help="parent folder of run folders (same as --set run.out=DIR)")
+    parser.add_argument("--episodes", metavar="FILE", help="pretrain: also write every held-out episode to FILE (a run's "
+                        "heldout_episodes.json layout, under `before`), to pair by task with a run's (bench/paired_heldout.py)")
     parser.add_argument("--ray", metavar="ADDRESS", help="decoders as actors on this Ray cluster: auto, HOST:PORT, or '' "
                         "to start Ray here (same as --set placement.launcher=ray --set placement.address=ADDRESS; docs/ray.md)")
     return parser
@@ -77,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["keys"]:
         return _keys(argv[1:])
     args = _parser().parse_args(argv)
+    if args.episodes is not None and args.command != "pretrain":
+        print(f"run.py {args.command}: --episodes is pretrain's (a run keeps its own in heldout_episodes.json)", file=sys.stderr)
+        return 2
     if args.command == "profile":
         return _profile(args.run_dir)
     if args.command == "resume":
@@ -104,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "pretrain":
         try:
-            trio.run(_pretrain, cfg)
+            trio.run(_pretrain, cfg, args.episodes)
         except KeyboardInterrupt:
             print("\nrun.py: interrupted", file=sys.stderr)
             return 130
@@ -231,12 +237,13 @@ def _resume(args: argparse.Namespace) -> int:
     return _train(cfg, run_dir)
 
 
-async def _pretrain(cfg) -> None:  # noqa: ANN001
+async def _pretrain(cfg, episodes: str | None = None) -> None:  # noqa: ANN001
 
     from pipeline.progress import Progress
     from pipeline.run import build
     from pipeline.run.heldout import evaluate_heldout, heldout_tasks
     from pipeline.run.job import _close_policies
+    from pipeline.run.summary import write_measure
     from pipeline.run.teardown import build_in_thread
     from pipeline.rundir import configure_logging
 
@@ -252,6 +259,9 @@ async def _pretrain(cfg) -> None:  # noqa: ANN001
     for split, report in reports.items():
         families = ", ".join(f"{f} {v:.0%}" for f, v in sorted(report.per_family.items()))
         print(f"{split}: success {report.success:.1%} over {len(report.episodes)} tasks of the {cfg.eval.range} range ({families})")
+    if episodes is not None:
+        write_measure(Path(episodes), cfg.eval.range, reports)
+        print(f"episodes: {episodes}")
 
 
 def _curve(run_dir: str | None) -> int:

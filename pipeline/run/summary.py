@@ -65,6 +65,12 @@ def write_episodes(run_dir: Path, range_name: str, before: dict[str, EvalReport]
         {"range": range_name, "before": reports_to_json(before), "after": reports_to_json(after)}) + "\n")
 
 
+def write_measure(path: Path, range_name: str, reports: dict[str, EvalReport]) -> None:
+    """One held-out measure's episodes (`run.py pretrain --episodes`) in heldout_episodes.json's layout, as its
+    `before`: pairs by task with a run's before or after (`bench/paired_heldout.py`)."""
+    path.write_text(json.dumps({"range": range_name, "before": reports_to_json(reports)}) + "\n")
+
+
 def reports_from_json(data: dict[str, list[list[Any]]]) -> dict[str, EvalReport]:
     return {split: summarize([EpisodeOutcome(*row) for row in rows]) for split, rows in data.items()}
 
