@@ -1,10 +1,10 @@
 """Held-out success of two measures paired by task: which tasks one won and the other did not.
 
-    python bench/paired_heldout.py --before warm.json --after runs/smollm2-choose/heldout_episodes.json
-    python bench/paired_heldout.py --before runs/a/heldout_episodes.json:after --after runs/b/heldout_episodes.json:after
+    python bench/paired_heldout.py --before warm.json --after runs/smollm2-choose
+    python bench/paired_heldout.py --before runs/a:after --after runs/b:after
 
 Each side is an episodes file, `FILE[:before|after]`: a run's `heldout_episodes.json` (its measures before and
-after GRPO) or what `run.py pretrain --episodes FILE` writes (one measure, as `before`). `--before` reads
+after GRPO; the run folder names it) or what `run.py pretrain --episodes FILE` writes (one measure, as `before`). `--before` reads
 `before` and `--after` reads `after` unless told otherwise. The tasks measured on both sides (matched by split
 and task id) are compared: the change in success with the Student-t 95 % interval of the per-task differences
 (`pipeline/run/summary.py` `paired_change`, what a run's `summary.json` `heldout_change` holds), the tasks gained
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.run.summary import fmt_change, paired_change, reports_from_json  # noqa: E402
+from pipeline.run.summary import EPISODES_FILE, fmt_change, paired_change, reports_from_json  # noqa: E402
 from stages.evaluate import EvalReport, summarize  # noqa: E402
 
 
@@ -31,6 +31,8 @@ class EpisodesError(ValueError):
 def read_side(spec: str, default: str) -> tuple[str, dict[str, EvalReport]]:
     """`FILE[:before|after]` -> (its task range, its reports per split)."""
     path, _, key = spec.rpartition(":") if spec.endswith((":before", ":after")) else (spec, "", default)
+    if Path(path).is_dir():  # a run folder: its heldout_episodes.json
+        path = str(Path(path) / EPISODES_FILE)
     try:
         data = json.loads(Path(path).read_text())
     except OSError as exc:
@@ -65,8 +67,8 @@ def won(reports: dict[str, EvalReport]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--before", required=True, metavar="FILE[:before|after]")
-    parser.add_argument("--after", required=True, metavar="FILE[:before|after]")
+    parser.add_argument("--before", required=True, metavar="FILE|RUN_DIR[:before|after]")
+    parser.add_argument("--after", required=True, metavar="FILE|RUN_DIR[:before|after]")
     args = parser.parse_args(argv)
     try:
         (range_before, before), (range_after, after) = read_side(args.before, "before"), read_side(args.after, "after")

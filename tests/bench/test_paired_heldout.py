@@ -36,7 +36,7 @@ def test_a_run_s_own_measures_are_read_by_key(tmp_path, capsys) -> None:
     run.write_text(json.dumps({"range": "dev", "before": {"seen": _rows([False, True])}, "after": {"seen": _rows([True, True])}}))
     assert _tool().main(["--before", f"{run}:after", "--after", str(run)]) == 0
     assert "+0.0 points" in capsys.readouterr().out  # after against itself
-    assert _tool().main(["--before", str(run), "--after", str(run)]) == 0
+    assert _tool().main(["--before", str(run), "--after", str(tmp_path)]) == 0  # a run folder: its heldout_episodes.json
     assert "+50.0 points" in capsys.readouterr().out
 
 
