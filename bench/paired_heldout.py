@@ -42,7 +42,7 @@ def read_side(spec: str, default: str) -> tuple[str, dict[str, EvalReport]]:
     if not isinstance(data, dict) or not isinstance(data.get(key), dict):
         kept = sorted(k for k in ("before", "after") if isinstance(data, dict) and isinstance(data.get(k), dict))
         raise EpisodesError(f"{path}: no `{key}` measure (it holds: {', '.join(kept) or 'none'}); "
-                            "an episodes file is a run's heldout_episodes.json or `run.py pretrain --episodes`'")
+                            "an episodes file is a run's heldout_episodes.json or what `run.py pretrain --episodes` writes")
     return str(data.get("range", "?")), reports_from_json(data[key])
 
 
