@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pipeline.machine_load import is_loaded
+from pipeline.student_t import t_interval
 
-from ._stats import paired_ratio, t_interval
+from ._stats import paired_ratio
 
 WALL_KEYS = ("wall_s", "job_wall_s", "time_to_target_s")
 """Report figures that are wall clocks (a loaded machine's are left out)."""

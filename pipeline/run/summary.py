@@ -12,9 +12,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipeline.ab._stats import t_interval
 from pipeline.config import RunConfig
 from pipeline.memory import peak_rss_mb
+from pipeline.student_t import t_interval
 from stages.evaluate import EpisodeOutcome, EvalReport, summarize
 from stages.policy.base import PolicyStatistics
 
