@@ -265,6 +265,11 @@ BLOCKING = (
     "rollout.group_size", "learner.batch_groups", "pretrain.",
 )
 """The checkpoint cannot be used with another value (model shape, task set, allocator state)."""
+HARMLESS_OPTIONS = ("policy.options.threads",)
+"""Backend options that only place the work (a backend's torch intra-op threads for decoding): policy.options is
+otherwise BLOCKING, compared option by option so that a change names the option it is."""
+PER_OPTION = ("policy.options", "env.options")
+"""Option tables compared key by key (`policy.options.threads`), not as one value."""
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -276,10 +281,19 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: data}
 
 
+def _per_option(flat: dict[str, Any]) -> dict[str, Any]:
+    """`flat` with each PER_OPTION table spread into one key per option."""
+    out = {key: value for key, value in flat.items() if key not in PER_OPTION or not isinstance(value, dict)}
+    for table in PER_OPTION:
+        if isinstance(flat.get(table), dict):
+            out |= {f"{table}.{name}": value for name, value in flat[table].items()}
+    return out
+
+
 def config_changes(saved: RunConfig, new: RunConfig) -> tuple[list[str], list[str], list[str]]:
     """(blocking, training, harmless) differences between the folder's config and the resumed one, each
     as `key: old -> new`."""
-    old_flat, new_flat = _flat(msgspec.to_builtins(saved)), _flat(msgspec.to_builtins(new))
+    old_flat, new_flat = _per_option(_flat(msgspec.to_builtins(saved))), _per_option(_flat(msgspec.to_builtins(new)))
     blocking: list[str] = []
     training: list[str] = []
     harmless: list[str] = []
@@ -288,7 +302,9 @@ def config_changes(saved: RunConfig, new: RunConfig) -> tuple[list[str], list[st
         if before == after or key in IGNORED:
             continue
         line = f"{key}: {before!r} -> {after!r}"
-        if key.startswith(BLOCKING):
+        if key in HARMLESS_OPTIONS:
+            harmless.append(line)
+        elif key.startswith(BLOCKING):
             blocking.append(line)
         elif key.startswith(HARMLESS):
             harmless.append(line)

@@ -80,9 +80,19 @@ def test_config_changes_are_sorted_by_what_they_break():
     saved = load_config(None, [])
     new = load_config(None, ["run.updates=20", "learner.lr=0.001", "policy.options={layers = 2}", "run.name=x"])
     blocking, training, harmless = config_changes(saved, new)
-    assert blocking == ["policy.options: {} -> {'layers': 2}"]
+    assert blocking == ["policy.options.layers: None -> 2"]
     assert training == ["learner.lr: 0.0005 -> 0.001"]
     assert harmless == ["run.updates: 10 -> 20"]
+
+
+def test_a_backends_decoding_threads_may_change_on_resume_but_not_its_other_options():
+    saved = load_config(None, ["policy.options={layers = 2, threads = 1}", 'env.options={families = ["a"]}'])
+    placed = load_config(None, ["policy.options={layers = 2, threads = 2}", 'env.options={families = ["a"]}'])
+    assert config_changes(saved, placed) == ([], [], ["policy.options.threads: 1 -> 2"])
+    reshaped = load_config(None, ["policy.options={layers = 3, threads = 2}", 'env.options={families = ["a", "b"]}'])
+    blocking, training, harmless = config_changes(saved, reshaped)
+    assert blocking == ["env.options.families: ['a'] -> ['a', 'b']", "policy.options.layers: 2 -> 3"]
+    assert training == [] and harmless == ["policy.options.threads: 1 -> 2"]
 
 
 def _trained_state() -> dict:
