@@ -256,24 +256,22 @@ HARMLESS = (
     "run.updates", "run.max_wall_s", "run.progress", "run.torch_threads", "run.checkpoint_every", "run.keep_weights_every",
     "run.flat_memory", "run.malloc_arenas",
     "run.target_heldout", "policy.workers", "run.trackers", "trackers.", "policy.device", "learner.device",
-    "learner.torch_threads", "policy.max_batch", "policy.max_wait_ms", "policy.cache_dir", "profile.", "transport.", "placement.",
-    "eval.",
+    "learner.torch_threads", "policy.max_batch", "policy.max_wait_ms", "policy.cache_dir", "policy.options.threads",
+    "profile.", "transport.", "placement.", "eval.",
 )
-"""Change how long or how observably the run goes on, not what it learns."""
+"""Change how long or how observably the run goes on, not what it learns (a backend's `threads` option: its torch
+threads for decoding). Read before BLOCKING, whose `policy.options` it narrows."""
 BLOCKING = (
     "env.name", "env.options", "env.train_tasks", "policy.backend", "policy.options", "allocator.",
     "rollout.group_size", "learner.batch_groups", "pretrain.",
 )
 """The checkpoint cannot be used with another value (model shape, task set, allocator state)."""
-HARMLESS_OPTIONS = ("policy.options.threads",)
-"""Backend options that only place the work (a backend's torch intra-op threads for decoding): policy.options is
-otherwise BLOCKING, compared option by option so that a change names the option it is."""
 PER_OPTION = ("policy.options", "env.options")
 """Option tables compared key by key (`policy.options.threads`), not as one value."""
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict) and data and prefix.count(".") < 2:
+    if isinstance(data, dict) and (data and prefix.count(".") < 2 or prefix[:-1] in PER_OPTION):
         out: dict[str, Any] = {}
         for key, value in data.items():
             out |= _flat(value, f"{prefix}{key}.")
@@ -281,19 +279,10 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: data}
 
 
-def _per_option(flat: dict[str, Any]) -> dict[str, Any]:
-    """`flat` with each PER_OPTION table spread into one key per option."""
-    out = {key: value for key, value in flat.items() if key not in PER_OPTION or not isinstance(value, dict)}
-    for table in PER_OPTION:
-        if isinstance(flat.get(table), dict):
-            out |= {f"{table}.{name}": value for name, value in flat[table].items()}
-    return out
-
-
 def config_changes(saved: RunConfig, new: RunConfig) -> tuple[list[str], list[str], list[str]]:
     """(blocking, training, harmless) differences between the folder's config and the resumed one, each
     as `key: old -> new`."""
-    old_flat, new_flat = _per_option(_flat(msgspec.to_builtins(saved))), _per_option(_flat(msgspec.to_builtins(new)))
+    old_flat, new_flat = _flat(msgspec.to_builtins(saved)), _flat(msgspec.to_builtins(new))
     blocking: list[str] = []
     training: list[str] = []
     harmless: list[str] = []
@@ -302,12 +291,10 @@ def config_changes(saved: RunConfig, new: RunConfig) -> tuple[list[str], list[st
         if before == after or key in IGNORED:
             continue
         line = f"{key}: {before!r} -> {after!r}"
-        if key in HARMLESS_OPTIONS:
+        if key.startswith(HARMLESS):
             harmless.append(line)
         elif key.startswith(BLOCKING):
             blocking.append(line)
-        elif key.startswith(HARMLESS):
-            harmless.append(line)
         else:
             training.append(line)
     return blocking, training, harmless
